@@ -1,0 +1,96 @@
+/* The allocation family behind the public names: hak_* here, the glibc and
+ * C++ names in override.c. */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+
+HAK_API void* hak_malloc(size_t size) { return hak_alloc_inline(size); }
+
+HAK_API void hak_free(void* p) { hak_free_inline(p); }
+
+HAK_API void* hak_calloc(size_t count, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  void* p = hak_alloc_inline(total);
+  /* Huge blocks are fresh mappings: already zero. */
+  if (p != NULL && total <= HAK_LARGE_MAX) memset(p, 0, total);
+  return p;
+}
+
+/* Bytes usable at p: to the end of its block. */
+size_t hak_usable(const void* p) {
+  hak_segment_t* seg = hak_segment_of(p);
+  if (!hak_segmap_contains(seg)) return 0;
+  if (seg->kind == HAK_SEG_HUGE) return hak_huge_usable(seg, p);
+  hak_page_t* page = hak_page_of(seg, p);
+  if (page->units == 0) return 0;
+  const uint8_t* b = (const uint8_t*)hak_block_start(page, p);
+  return page->block_size - (size_t)((const uint8_t*)p - b);
+}
+
+HAK_API size_t hak_usable_size(const void* p) { return hak_usable(p); }
+
+HAK_API void* hak_realloc(void* p, size_t size) {
+  if (p == NULL) return hak_alloc_inline(size);
+  if (size == 0) { /* glibc frees and returns NULL */
+    hak_free_inline(p);
+    return NULL;
+  }
+  hak_segment_t* seg = hak_segment_of(p);
+  if (!hak_segmap_contains(seg)) hak_fatal("realloc of a pointer not allocated by hakmem", p);
+  if (seg->kind == HAK_SEG_HUGE && size > HAK_LARGE_MAX) {
+    void* q = hak_huge_realloc(seg, p, size);
+    if (q != NULL) return q;
+  }
+  size_t usable = hak_usable(p);
+  /* Stay if it fits and does not waste more than half. */
+  if (size <= usable && size >= usable / 2) return p;
+  void* q = hak_alloc_inline(size);
+  if (q == NULL) return NULL; /* errno is ENOMEM; p is untouched */
+  memcpy(q, p, size < usable ? size : usable);
+  hak_free_inline(p);
+  return q;
+}
+
+/* Marks the page of an inner-aligned block, so that its free finds the start. */
+static void mark_aligned(void* p) {
+  hak_segment_t* seg = hak_segment_of(p);
+  hak_page_t* page = hak_page_of(seg, p);
+  __atomic_store_n(&page->flags.x.has_aligned, 1, __ATOMIC_RELAXED);
+}
+
+/* align: a power of two (callers check). */
+void* hak_alloc_aligned(size_t align, size_t size) {
+  if (align <= HAK_ALIGN) return hak_alloc_inline(size);
+  if (size > HAK_SIZE_LIMIT || align > HAK_SIZE_LIMIT) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  /* Pages start on 4 KiB boundaries, so a class whose size is a multiple of
+   * the alignment hands out aligned blocks as they are. */
+  if (align <= HAK_OS_PAGE) {
+    size_t rounded = (size + align - 1) & ~(align - 1);
+    if (rounded == 0) rounded = align;
+    if (rounded <= HAK_CLASS_MAX_SIZE && hak_class_size[hak_class_of(rounded)] % align == 0)
+      return hak_alloc_inline(rounded);
+  }
+  size_t need = size + align - HAK_ALIGN;
+  if (need > HAK_LARGE_MAX) return hak_huge_alloc(size, align);
+  uint8_t* p = hak_alloc_inline(need);
+  if (p == NULL) return NULL;
+  uint8_t* q = (uint8_t*)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));
+  if (q != p) mark_aligned(q);
+  return q;
+}
+
+HAK_API void* hak_aligned_alloc(size_t align, size_t size) {
+  if (align == 0 || (align & (align - 1)) != 0) {
+    errno = EINVAL;
+    return NULL;
+  }
+  return hak_alloc_aligned(align, size);
+}

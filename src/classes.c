@@ -1,0 +1,30 @@
+/* Size classes: the table of block sizes and how many 64 KiB units a page of
+ * each class spans.  Filled once at start; no allocation. */
+#include "internal.h"
+
+uint32_t hak_class_size[HAK_CLASSES];
+uint8_t hak_class_units[HAK_CLASSES];
+uint8_t hak_direct_class[HAK_DIRECT_SLOTS];
+
+/* A page should hold at least this many blocks, so that mid-size classes do not
+ * churn pages; the tail it cannot use should stay under 1/8 of the page. */
+static unsigned units_for(size_t bsize) {
+  unsigned min_blocks = bsize <= 16384 ? 8 : 4;
+  for (unsigned n = 1; n <= 16; n++) {
+    size_t bytes = n * HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE; /* worst case: the first unit */
+    size_t blocks = bytes / bsize;
+    if (blocks >= min_blocks && (bytes - blocks * bsize) * 8 <= bytes) return n;
+  }
+  return 16;
+}
+
+void hak_classes_init(void) {
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    size_t size = c < 8 ? 16u * (c + 1) : (size_t)((c % 8) + 9) << (c / 8 + 3);
+    hak_class_size[c] = (uint32_t)size;
+    hak_class_units[c] = (uint8_t)units_for(size);
+    hak_assert(hak_class_of(size) == c);
+  }
+  for (unsigned s = 0; s < HAK_DIRECT_SLOTS; s++)
+    hak_direct_class[s] = (uint8_t)hak_class_of(s == 0 ? 1 : s * 16);
+}

@@ -1,0 +1,279 @@
+/* Heaps: one per thread.  The slow path of malloc (refill from the class
+ * queue, or a new page), the slow path of a local free, and the life of a heap:
+ * made or adopted when a thread first allocates, abandoned with its live pages
+ * when the thread exits, adopted whole by a new thread or absorbed by a live
+ * one.  Heap structures are never freed, so another thread may always push a
+ * remote free onto a heap it saw as a segment's owner. */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "internal.h"
+
+hak_page_t hak_page_empty;
+
+#define HAK_SENTINEL_HEAP(k)                                          \
+  {                                                                   \
+    .direct = {[0 ... HAK_DIRECT_SLOTS - 1] = &hak_page_empty},       \
+    .current = {[0 ... HAK_CLASSES - 1] = &hak_page_empty}, .kind = k \
+  }
+hak_heap_t hak_heap_empty = HAK_SENTINEL_HEAP(HAK_HEAP_EMPTY);
+hak_heap_t hak_heap_dead = HAK_SENTINEL_HEAP(HAK_HEAP_DEAD);
+/* Serves threads that allocate after their heap was abandoned (late thread
+ * destructors), under global_heap_lock. */
+static hak_heap_t hak_heap_global = HAK_SENTINEL_HEAP(HAK_HEAP_GLOBAL);
+static pthread_mutex_t global_heap_lock = PTHREAD_MUTEX_INITIALIZER;
+
+__thread hak_heap_t* hak_tls_heap = &hak_heap_empty;
+
+static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+static hak_heap_t* abandoned_pool; /* heaps of exited threads still holding segments */
+static hak_heap_t* spare_pool;     /* heaps holding nothing */
+static hak_heap_t* all_heaps;
+static uint8_t* heap_chunk_next;   /* heap structures are carved from OS chunks */
+static uint8_t* heap_chunk_end;
+
+/* Lock order: global_heap_lock, then heaps_lock, then the segment lock. */
+void hak_heaps_lock(void) {
+  pthread_mutex_lock(&global_heap_lock);
+  pthread_mutex_lock(&heaps_lock);
+}
+void hak_heaps_unlock(void) {
+  pthread_mutex_unlock(&heaps_lock);
+  pthread_mutex_unlock(&global_heap_lock);
+}
+
+/* ---- current pages -------------------------------------------------------- */
+
+/* The class's current page is the first of its queue; direct slots of small
+ * sizes point at it too. */
+void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
+  hak_page_t* page = heap->queue[cls].first ? heap->queue[cls].first : &hak_page_empty;
+  heap->current[cls] = page;
+  size_t size = hak_class_size[cls];
+  if (size <= HAK_SMALL_MAX) {
+    size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
+    for (size_t s = lo; s <= size / 16; s++) heap->direct[s] = page;
+  }
+}
+
+static void heap_reset_current(hak_heap_t* heap) {
+  for (unsigned c = 0; c < HAK_CLASSES; c++) hak_heap_set_current(heap, c);
+}
+
+/* ---- allocation slow path ------------------------------------------------- */
+
+static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
+  if (hak_remote_pending(heap)) hak_remote_collect(heap);
+  hak_page_queue_t* q = &heap->queue[cls];
+  hak_page_t* page = q->first;
+  while (page != NULL) {
+    if (page->free != NULL) break;
+    if (page->capacity < page->reserved) {
+      hak_page_extend(page);
+      break;
+    }
+    hak_page_t* next = page->next;
+    hak_queue_remove(q, page);
+    page->flags.x.in_full = 1;
+    hak_queue_push_back(&heap->full, page);
+    page = next;
+  }
+  if (page == NULL) {
+    page = hak_page_new(heap, cls, 0);
+    if (page == NULL) {
+      hak_heap_set_current(heap, cls);
+      errno = ENOMEM;
+      return NULL;
+    }
+    hak_queue_push_front(q, page);
+  }
+  if (heap->current[cls] != page) hak_heap_set_current(heap, cls);
+  hak_block_t* b = page->free;
+  page->free = b->next;
+  page->used++;
+  return b;
+}
+
+static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
+  if (hak_remote_pending(heap)) hak_remote_collect(heap);
+  hak_page_t* page = hak_page_new(heap, HAK_CLASS_LARGE, size);
+  if (page == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  hak_block_t* b = page->free;
+  page->free = NULL;
+  page->used = 1;
+  return b;
+}
+
+void* hak_heap_alloc(hak_heap_t* heap, size_t size) {
+  if (size <= HAK_CLASS_MAX_SIZE) return heap_alloc_class(heap, hak_class_of(size));
+  if (size <= HAK_LARGE_MAX) return heap_alloc_large(heap, size);
+  return hak_huge_alloc(size, 0);
+}
+
+void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
+  if (size > HAK_LARGE_MAX) return hak_huge_alloc(size, 0); /* needs no heap */
+  if (unlikely(heap->kind < HAK_HEAP_THREAD)) {
+    if (heap->kind == HAK_HEAP_DEAD || (heap = hak_thread_heap_init()) == NULL)
+      return hak_alloc_on_dead_thread(size);
+  }
+  return hak_heap_alloc(heap, size);
+}
+
+void* hak_alloc_on_dead_thread(size_t size) {
+  pthread_mutex_lock(&global_heap_lock);
+  void* p = hak_heap_alloc(&hak_heap_global, size);
+  pthread_mutex_unlock(&global_heap_lock);
+  return p;
+}
+
+/* ---- free slow path --------------------------------------------------------- */
+
+void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
+  if (page->cls != HAK_CLASS_LARGE) {
+    /* The current page stays, so that a class that allocates and frees one
+     * block at a time does not fetch and retire a page each time. */
+    if (heap->current[page->cls] == page) return;
+    hak_queue_remove(&heap->queue[page->cls], page);
+  }
+  hak_page_retire(heap, page);
+}
+
+/* Frees block b (its start) of a page that heap owns. */
+void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
+  b->next = page->free;
+  page->free = b;
+  if (page->flags.x.in_full) {
+    hak_queue_remove(&heap->full, page);
+    page->flags.x.in_full = 0;
+    hak_queue_push_back(&heap->queue[page->cls], page);
+    if (heap->queue[page->cls].first == page) hak_heap_set_current(heap, page->cls);
+  }
+  if (--page->used == 0) hak_heap_page_empty(heap, page);
+}
+
+void hak_free_unowned(void* p) { hak_fatal("free of a pointer not allocated by hakmem", p); }
+
+void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
+  if (seg->kind == HAK_SEG_HUGE) {
+    if (p != seg->huge_block) hak_fatal("free of an invalid pointer (inside a huge block)", p);
+    hak_huge_free(seg);
+    return;
+  }
+  hak_heap_t* owner = hak_segment_heap(seg);
+  if (owner == NULL || page->units == 0 || (uint8_t*)p < page->start)
+    hak_fatal("free of an invalid pointer (not a block)", p);
+  hak_block_t* b = hak_block_start(page, p);
+  if ((void*)b != p && !__atomic_load_n(&page->flags.x.has_aligned, __ATOMIC_RELAXED))
+    hak_fatal("free of an invalid pointer (inside a block)", p);
+  if (owner == hak_tls_heap)
+    hak_heap_free_local(owner, page, b);
+  else
+    hak_remote_push(owner, b);
+}
+
+/* ---- heap life -------------------------------------------------------------- */
+
+static hak_heap_t* heap_new_locked(void) {
+  size_t size = (sizeof(hak_heap_t) + 63) & ~(size_t)63;
+  if (heap_chunk_next == NULL || heap_chunk_next + size > heap_chunk_end) {
+    size_t chunk = 64 * 1024;
+    uint8_t* p = hak_os_map(chunk);
+    if (p == NULL) return NULL;
+    heap_chunk_next = p;
+    heap_chunk_end = p + chunk;
+  }
+  hak_heap_t* heap = (hak_heap_t*)heap_chunk_next;
+  heap_chunk_next += size;
+  heap->all_next = all_heaps;
+  all_heaps = heap;
+  hak_count(heaps, 1);
+  return heap;
+}
+
+hak_heap_t* hak_thread_heap_init(void) {
+  hak_process_init();
+  pthread_mutex_lock(&heaps_lock);
+  hak_heap_t* heap = abandoned_pool;
+  if (heap != NULL) {
+    __atomic_store_n(&abandoned_pool, heap->pool_next, __ATOMIC_RELAXED);
+    hak_count(heaps_adopted, 1);
+  } else if ((heap = spare_pool) != NULL) {
+    spare_pool = heap->pool_next;
+  } else {
+    heap = heap_new_locked();
+  }
+  pthread_mutex_unlock(&heaps_lock);
+  if (heap == NULL) return NULL;
+  heap->pool_next = NULL;
+  heap->kind = HAK_HEAP_THREAD;
+  heap_reset_current(heap);
+  hak_tls_heap = heap;
+  hak_thread_register(heap);
+  return heap;
+}
+
+/* Called at thread exit: give back what is empty, keep what is live, and put
+ * the heap where the next thread (or a live one short of memory) takes it. */
+void hak_thread_heap_done(hak_heap_t* heap) {
+  if (heap->kind != HAK_HEAP_THREAD) return;
+  hak_remote_collect(heap);
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    heap->current[c] = &hak_page_empty; /* lets the current page retire too */
+    for (hak_page_t *page = heap->queue[c].first, *next; page != NULL; page = next) {
+      next = page->next;
+      if (page->used == 0) {
+        hak_queue_remove(&heap->queue[c], page);
+        hak_page_retire(heap, page);
+      }
+    }
+  }
+  memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
+  if (heap->spare != NULL) {
+    hak_segment_release(heap->spare);
+    heap->spare = NULL;
+  }
+  hak_tls_heap = &hak_heap_dead;
+  heap->kind = HAK_HEAP_EMPTY;
+  pthread_mutex_lock(&heaps_lock);
+  hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
+  heap->pool_next = *pool;
+  __atomic_store_n(pool, heap, __ATOMIC_RELAXED); /* read unlocked in hak_heap_absorb_abandoned */
+  pthread_mutex_unlock(&heaps_lock);
+}
+
+/* A live heap short of memory takes over an abandoned heap's segments and
+ * pages instead of mapping more.  Returns false if there was none. */
+bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
+  if (__atomic_load_n(&abandoned_pool, __ATOMIC_RELAXED) == NULL) return false;
+  pthread_mutex_lock(&heaps_lock);
+  hak_heap_t* from = abandoned_pool;
+  if (from != NULL) __atomic_store_n(&abandoned_pool, from->pool_next, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&heaps_lock);
+  if (from == NULL) return false;
+  hak_segments_move(heap, from);
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    while (from->queue[c].first != NULL) {
+      hak_page_t* page = from->queue[c].first;
+      hak_queue_remove(&from->queue[c], page);
+      hak_queue_push_back(&heap->queue[c], page);
+    }
+    if (heap->current[c] != heap->queue[c].first) hak_heap_set_current(heap, c);
+  }
+  while (from->full.first != NULL) {
+    hak_page_t* page = from->full.first;
+    hak_queue_remove(&from->full, page);
+    hak_queue_push_back(&heap->full, page);
+  }
+  /* Frees that reached the old owner now belong to this heap. */
+  hak_remote_collect_list(heap, atomic_exchange_explicit(&from->remote, NULL, memory_order_acquire));
+  hak_count(heaps_adopted, 1);
+  pthread_mutex_lock(&heaps_lock);
+  from->pool_next = spare_pool;
+  spare_pool = from;
+  pthread_mutex_unlock(&heaps_lock);
+  return true;
+}

@@ -1,0 +1,66 @@
+/* Process and thread life: one-time start-up (no allocation, so it is safe
+ * from any first malloc, even inside the dynamic loader's or another
+ * library's constructor), the thread-exit hook, fork handling, and the
+ * statistics line at exit. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static _Atomic int init_state; /* 0 not started, 1 running, 2 done */
+static pthread_key_t thread_key;
+static bool thread_key_ok;
+static bool stats_at_exit;
+
+static void thread_exit_hook(void* value) {
+  hak_heap_t* heap = value;
+  if (heap != NULL && heap == hak_tls_heap) hak_thread_heap_done(heap);
+}
+
+/* The environment is read once, here, without allocating. */
+static void read_options(void) {
+  const char* s = getenv("HAKMEM_STATS");
+  stats_at_exit = s != NULL && s[0] != '\0' && strcmp(s, "0") != 0;
+}
+
+void hak_process_init(void) {
+  if (likely(atomic_load_explicit(&init_state, memory_order_acquire) == 2)) return;
+  int expected = 0;
+  if (atomic_compare_exchange_strong(&init_state, &expected, 1)) {
+    hak_classes_init();
+    read_options();
+    thread_key_ok = pthread_key_create(&thread_key, thread_exit_hook) == 0;
+    atomic_store_explicit(&init_state, 2, memory_order_release);
+  } else {
+    while (atomic_load_explicit(&init_state, memory_order_acquire) != 2) sched_yield();
+  }
+}
+
+void hak_thread_register(hak_heap_t* heap) {
+  if (thread_key_ok) pthread_setspecific(thread_key, heap);
+}
+
+/* fork: hold every lock across the fork so the child finds them consistent. */
+static void fork_prepare(void) {
+  hak_heaps_lock();
+  hak_segments_lock();
+}
+static void fork_parent(void) {
+  hak_segments_unlock();
+  hak_heaps_unlock();
+}
+static void fork_child(void) {
+  hak_segments_unlock();
+  hak_heaps_unlock();
+}
+
+__attribute__((constructor(101))) static void hak_constructor(void) {
+  hak_process_init();
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+__attribute__((destructor(101))) static void hak_destructor(void) {
+  if (stats_at_exit) hak_stats_print_line();
+}

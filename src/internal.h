@@ -1,0 +1,317 @@
+/* hakmem internals: types, constants and the inline fast paths.
+ *
+ * Memory comes in 2 MiB segments aligned to 2 MiB, each split into 32 units
+ * of 64 KiB.  A page is a run of one or more units holding blocks of one size
+ * class; its descriptor sits in the segment header, so pointer -> segment is a
+ * mask and segment -> page an index.  Each segment belongs to one heap; each
+ * thread has one heap.  See docs/DESIGN.md for the whole picture.
+ */
+#ifndef HAK_INTERNAL_H
+#define HAK_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hakmem.h"
+
+#define HAK_API __attribute__((visibility("default")))
+#define HAK_INLINE static inline __attribute__((always_inline))
+#define HAK_NOINLINE __attribute__((noinline))
+#define HAK_COLD __attribute__((noinline, cold))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#if HAK_DEBUG
+void hak_assert_fail(const char* expr, const char* file, int line);
+#define hak_assert(x) ((x) ? (void)0 : hak_assert_fail(#x, __FILE__, __LINE__))
+#else
+#define hak_assert(x) ((void)0)
+#endif
+
+/* ---- geometry ---------------------------------------------------------- */
+
+#define HAK_SEG_SHIFT 21
+#define HAK_SEG_SIZE ((size_t)1 << HAK_SEG_SHIFT)
+#define HAK_SEG_MASK (HAK_SEG_SIZE - 1)
+#define HAK_UNIT_SHIFT 16
+#define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
+#define HAK_UNITS (HAK_SEG_SIZE / HAK_UNIT_SIZE) /* 32 */
+#define HAK_OS_PAGE 4096
+#define HAK_SEG_HDR_SIZE 4096 /* segment header; the first page starts after it */
+#define HAK_ALIGN 16          /* every block is at least this aligned */
+
+/* Size classes: 16..128 in steps of 16, then 8 classes per doubling up to
+ * 128 KiB, so a block wastes at most 1/9 of its size beyond 128 bytes. */
+#define HAK_CLASSES 88
+#define HAK_CLASS_MAX_SIZE ((size_t)128 * 1024)
+#define HAK_SMALL_MAX 1024                         /* sizes served by heap->direct */
+#define HAK_DIRECT_SLOTS (HAK_SMALL_MAX / 16 + 1)  /* one slot per 16 bytes */
+#define HAK_CLASS_LARGE 255                        /* single-block pages */
+/* Above this a block gets a mapping of its own (a huge segment). */
+#define HAK_LARGE_MAX ((size_t)1 << 20)
+/* Requests above this can never be satisfied (and keep size arithmetic safe). */
+#define HAK_SIZE_LIMIT ((size_t)PTRDIFF_MAX - 2 * HAK_SEG_SIZE)
+
+/* ---- data structures --------------------------------------------------- */
+
+typedef struct hak_block_s {
+  struct hak_block_s* next;
+} hak_block_t;
+
+typedef struct hak_heap_s hak_heap_t;
+typedef struct hak_segment_s hak_segment_t;
+
+/* Page flags: any set bit sends a local free to the slow path. */
+typedef union hak_page_flags_u {
+  uint16_t any;
+  struct {
+    uint8_t in_full;     /* on the heap's full list */
+    uint8_t has_aligned; /* holds blocks handed out at an inner aligned address */
+  } x;
+} hak_page_flags_t;
+
+/* A page descriptor.  The first 16 bytes are all the fast paths touch. */
+typedef struct hak_page_s {
+  hak_block_t* free;      /* blocks ready to hand out */
+  uint32_t used;          /* blocks out (remote frees not yet collected count as out) */
+  hak_page_flags_t flags;
+  uint16_t head_off;      /* bytes back to the head descriptor of a multi-unit page */
+  uint32_t block_size;
+  uint32_t capacity;      /* blocks carved so far */
+  uint32_t reserved;      /* blocks that fit */
+  uint8_t cls;            /* size class, or HAK_CLASS_LARGE */
+  uint8_t units;          /* units spanned; 0 in a descriptor that heads no page */
+  uint8_t index;          /* unit index of the head within its segment */
+  uint8_t pad_;
+  uint8_t* start;         /* first block */
+  struct hak_page_s* next; /* class queue or full list */
+  struct hak_page_s* prev;
+  uint64_t spare_;         /* pads the descriptor to 64 bytes: index arithmetic is a shift */
+} hak_page_t;
+
+typedef struct hak_page_queue_s {
+  hak_page_t* first;
+  hak_page_t* last;
+} hak_page_queue_t;
+
+enum { HAK_SEG_NORMAL = 1, HAK_SEG_HUGE = 2 };
+
+struct hak_segment_s {
+  _Atomic(hak_heap_t*) heap; /* owner; NULL for huge segments and free ones */
+  uint32_t kind;
+  uint32_t free_units;       /* bit i set: unit i is free */
+  hak_segment_t* next;       /* in the owner's segment list or the free cache */
+  hak_segment_t* prev;
+  void* map_base;            /* huge: the whole mapping */
+  size_t map_size;
+  uint8_t* huge_block;       /* huge: the block */
+  uint64_t spare_;           /* pads the prefix to 64 bytes */
+  hak_page_t pages[HAK_UNITS + 1]; /* one more: a huge block may start at +2 MiB */
+};
+
+struct hak_heap_s {
+  hak_page_t* direct[HAK_DIRECT_SLOTS]; /* size/16 -> current page (small sizes) */
+  hak_page_t* current[HAK_CLASSES];     /* class -> current page, never NULL */
+  hak_page_queue_t queue[HAK_CLASSES];  /* pages with (possibly) free blocks */
+  hak_page_queue_t full;                /* pages found with no free block */
+  hak_segment_t* segments;              /* segments with free units */
+  hak_segment_t* full_segments;         /* segments without */
+  hak_segment_t* spare;                 /* one empty segment kept for reuse */
+  hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
+  hak_heap_t* all_next;                 /* every heap ever made */
+  int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
+  /* Written by other threads: kept on a line of its own. */
+  _Alignas(64) _Atomic(hak_block_t*) remote;
+  char pad_[64 - sizeof(void*)];
+};
+
+enum { HAK_HEAP_EMPTY = 0, HAK_HEAP_DEAD = 1, HAK_HEAP_THREAD = 2, HAK_HEAP_GLOBAL = 3 };
+
+_Static_assert(sizeof(hak_page_t) == 64, "page descriptors are 64 bytes");
+_Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HDR_SIZE, "segment header fits its page");
+
+/* ---- globals ------------------------------------------------------------ */
+
+extern __thread hak_heap_t* hak_tls_heap __attribute__((tls_model("initial-exec")));
+extern hak_heap_t hak_heap_empty;  /* a thread that has not allocated yet */
+extern hak_heap_t hak_heap_dead;   /* a thread whose heap was abandoned at exit */
+extern hak_page_t hak_page_empty;  /* a page with no free block */
+extern uint32_t hak_class_size[HAK_CLASSES];
+extern uint8_t hak_class_units[HAK_CLASSES];
+extern uint8_t hak_direct_class[HAK_DIRECT_SLOTS];
+
+/* Segment map: one bit per 2 MiB of the 47-bit address space, set for every
+ * segment hakmem handed out.  free() checks it before trusting a pointer. */
+#define HAK_SEGMAP_BITS ((size_t)1 << (47 - HAK_SEG_SHIFT))
+extern uint8_t hak_segmap[HAK_SEGMAP_BITS / 8];
+
+/* ---- inline helpers ------------------------------------------------------ */
+
+/* Size -> class, for 0 < size <= HAK_CLASS_MAX_SIZE. */
+HAK_INLINE unsigned hak_class_of(size_t size) {
+  if (size <= 128) return size <= 16 ? 0 : (unsigned)((size - 1) >> 4);
+  size_t s = size - 1;
+  unsigned k = 63u - (unsigned)__builtin_clzl(s); /* 2^k <= s < 2^(k+1) */
+  return 8u + (k - 7u) * 8u + (unsigned)((s >> (k - 3)) & 7u);
+}
+
+/* The segment of a pointer.  p-1 so that a huge block placed exactly on a
+ * 2 MiB boundary still finds its header in the unit below (NULL maps to an
+ * address outside the segment map). */
+HAK_INLINE hak_segment_t* hak_segment_of(const void* p) {
+  return (hak_segment_t*)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+}
+
+HAK_INLINE bool hak_segmap_contains(const hak_segment_t* seg) {
+  uintptr_t idx = (uintptr_t)seg >> HAK_SEG_SHIFT;
+  if (unlikely(idx >= HAK_SEGMAP_BITS)) return false;
+  uint8_t byte = __atomic_load_n(&hak_segmap[idx >> 3], __ATOMIC_RELAXED);
+  return (byte >> (idx & 7)) & 1;
+}
+
+HAK_INLINE hak_page_t* hak_page_of(hak_segment_t* seg, const void* p) {
+  hak_page_t* pg = &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> HAK_UNIT_SHIFT];
+  return (hak_page_t*)((uint8_t*)pg - pg->head_off);
+}
+
+HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
+  return atomic_load_explicit(&seg->heap, memory_order_relaxed);
+}
+
+/* The start of the block holding p (p may point inside an aligned block). */
+HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
+  size_t off = (size_t)((const uint8_t*)p - page->start);
+  return (hak_block_t*)(page->start + off - off % page->block_size);
+}
+
+/* ---- slow paths (out of line) ------------------------------------------- */
+
+void* hak_alloc_slow(hak_heap_t* heap, size_t size);
+void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
+void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
+HAK_COLD void hak_free_unowned(void* p);
+
+/* ---- the fast paths ------------------------------------------------------ */
+
+/* malloc: size -> current page -> pop.  The empty sentinel heap's pages have
+ * no free blocks, so a new thread falls into the slow path, which sets it up. */
+HAK_INLINE void* hak_alloc_inline(size_t size) {
+  hak_heap_t* heap = hak_tls_heap;
+  hak_page_t* page;
+  if (likely(size <= HAK_SMALL_MAX)) {
+    page = heap->direct[(size + 15) >> 4];
+  } else if (size <= HAK_CLASS_MAX_SIZE) {
+    page = heap->current[hak_class_of(size)];
+  } else {
+    return hak_alloc_slow(heap, size);
+  }
+  hak_block_t* b = page->free;
+  if (likely(b != NULL)) {
+    page->free = b->next;
+    page->used++;
+    return b;
+  }
+  return hak_alloc_slow(heap, size);
+}
+
+/* free: mask to the segment, check the segment map, and if this thread owns
+ * the segment and the page needs no care, push the block. */
+HAK_INLINE void hak_free_inline(void* p) {
+  hak_segment_t* seg = hak_segment_of(p);
+  if (unlikely(!hak_segmap_contains(seg))) {
+    if (p != NULL) hak_free_unowned(p);
+    return;
+  }
+  hak_page_t* page = hak_page_of(seg, p);
+  if (likely(hak_segment_heap(seg) == hak_tls_heap && page->flags.any == 0)) {
+    hak_block_t* b = (hak_block_t*)p;
+    b->next = page->free;
+    page->free = b;
+    if (unlikely(--page->used == 0)) hak_heap_page_empty(hak_tls_heap, page);
+    return;
+  }
+  hak_free_slow(seg, page, p);
+}
+
+/* ---- internal interfaces between the parts ------------------------------- */
+
+/* classes.c */
+void hak_classes_init(void);
+
+/* os.c: every system call that maps or unmaps memory. */
+void* hak_os_map(size_t size);
+void* hak_os_map_aligned(size_t size, size_t align, size_t skew);
+void hak_os_unmap(void* p, size_t size);
+void hak_os_purge(void* p, size_t size);
+void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
+
+/* report.c */
+HAK_COLD __attribute__((noreturn)) void hak_fatal(const char* what, const void* p);
+void hak_write_stderr(const char* s);
+
+/* segment.c */
+void hak_segmap_set(const void* seg, bool on);
+hak_segment_t* hak_segment_acquire(hak_heap_t* heap);
+void hak_segment_release(hak_segment_t* seg);
+int hak_segment_find_units(hak_segment_t* seg, unsigned n);
+void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n);
+void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n);
+void hak_segments_lock(void);
+void hak_segments_unlock(void);
+
+/* page.c */
+hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size);
+void hak_page_extend(hak_page_t* page);
+void hak_page_retire(hak_heap_t* heap, hak_page_t* page);
+void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page);
+void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);
+void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
+void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
+
+/* heap.c */
+void hak_heap_set_current(hak_heap_t* heap, unsigned cls);
+void* hak_heap_alloc(hak_heap_t* heap, size_t size);
+void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b);
+void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
+hak_heap_t* hak_thread_heap_init(void);
+void hak_thread_heap_done(hak_heap_t* heap);
+void* hak_alloc_on_dead_thread(size_t size);
+void hak_heaps_lock(void);
+void hak_heaps_unlock(void);
+bool hak_heap_absorb_abandoned(hak_heap_t* heap);
+void hak_thread_register(hak_heap_t* heap);
+
+/* remote.c */
+void hak_remote_push(hak_heap_t* heap, hak_block_t* b);
+void hak_remote_collect(hak_heap_t* heap);
+void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
+HAK_INLINE bool hak_remote_pending(hak_heap_t* heap) {
+  return atomic_load_explicit(&heap->remote, memory_order_relaxed) != NULL;
+}
+
+/* huge.c */
+void* hak_huge_alloc(size_t size, size_t align);
+void hak_huge_free(hak_segment_t* seg);
+size_t hak_huge_usable(hak_segment_t* seg, const void* p);
+void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
+
+/* alloc.c: the whole family, behind the public names. */
+void* hak_alloc_aligned(size_t align, size_t size);
+size_t hak_usable(const void* p);
+
+/* init.c */
+void hak_process_init(void);
+
+/* stats.c: slow-path and OS counters, always on (relaxed atomics). */
+typedef struct hak_counters_s {
+  _Atomic size_t mmap_calls, munmap_calls, madvise_calls, mremap_calls;
+  _Atomic size_t mapped_bytes, purged_bytes;
+  _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
+} hak_counters_t;
+extern hak_counters_t hak_counters;
+#define hak_count(field, n) atomic_fetch_add_explicit(&hak_counters.field, (n), memory_order_relaxed)
+void hak_stats_print_line(void);
+
+#endif

@@ -1,0 +1,64 @@
+/* The OS layer: every mmap, munmap, madvise and mremap hakmem makes, counted. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+void* hak_os_map(size_t size) {
+  void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  hak_count(mmap_calls, 1);
+  if (p == MAP_FAILED) return NULL;
+  hak_count(mapped_bytes, size);
+  return p;
+}
+
+void hak_os_unmap(void* p, size_t size) {
+  if (size == 0) return;
+  int saved = errno;
+  munmap(p, size);
+  errno = saved;
+  hak_count(munmap_calls, 1);
+  atomic_fetch_sub_explicit(&hak_counters.mapped_bytes, size, memory_order_relaxed);
+}
+
+/* Maps size bytes at an address p such that (p + skew) is a multiple of
+ * align (a power of two >= 4 KiB), by over-mapping and trimming both ends. */
+void* hak_os_map_aligned(size_t size, size_t align, size_t skew) {
+  size_t total = size + align;
+  if (total < size) return NULL;
+  uint8_t* raw = hak_os_map(total);
+  if (raw == NULL) return NULL;
+  uintptr_t want = (((uintptr_t)raw + skew + align - 1) & ~(uintptr_t)(align - 1)) - skew;
+  if (want < (uintptr_t)raw) want += align;
+  uint8_t* p = (uint8_t*)want;
+  hak_os_unmap(raw, (size_t)(p - raw));
+  hak_os_unmap(p + size, (size_t)(raw + total - (p + size)));
+  return p;
+}
+
+/* Gives the physical pages back; the range stays mapped and reads as zero. */
+void hak_os_purge(void* p, size_t size) {
+  if (size == 0) return;
+  int saved = errno;
+  madvise(p, size, MADV_DONTNEED);
+  errno = saved;
+  hak_count(madvise_calls, 1);
+  hak_count(purged_bytes, size);
+}
+
+/* Resizes a mapping: in place if fixed is NULL, else moved onto fixed (which
+ * the caller reserved).  Returns NULL on failure with the old mapping intact. */
+void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed) {
+  int saved = errno;
+  void* p = fixed ? mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, fixed)
+                  : mremap(old, old_size, new_size, 0);
+  errno = saved;
+  hak_count(mremap_calls, 1);
+  if (p == MAP_FAILED) return NULL;
+  if (new_size >= old_size)
+    hak_count(mapped_bytes, new_size - old_size);
+  else
+    atomic_fetch_sub_explicit(&hak_counters.mapped_bytes, old_size - new_size, memory_order_relaxed);
+  return p;
+}

@@ -1,0 +1,123 @@
+/* The drop-in names: the glibc malloc family and C++ operator new/delete.
+ * Only in build/libhakmem.so and .a; the hakmem_api test library leaves them
+ * to the system.  The C++ operators are written in C with their mangled names
+ * so that a C program preloading hakmem gains no libstdc++ dependency. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+HAK_API void* malloc(size_t size) { return hak_alloc_inline(size); }
+HAK_API void free(void* p) { hak_free_inline(p); }
+HAK_API void* calloc(size_t count, size_t size) { return hak_calloc(count, size); }
+HAK_API void* realloc(void* p, size_t size) { return hak_realloc(p, size); }
+
+HAK_API void* reallocarray(void* p, size_t count, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return hak_realloc(p, total);
+}
+
+HAK_API int posix_memalign(void** out, size_t align, size_t size) {
+  if (align < sizeof(void*) || (align & (align - 1)) != 0) return EINVAL;
+  int saved = errno;
+  void* p = hak_alloc_aligned(align, size);
+  errno = saved;
+  if (p == NULL) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
+HAK_API void* aligned_alloc(size_t align, size_t size) { return hak_aligned_alloc(align, size); }
+
+/* memalign rounds an alignment that is not a power of two up, as glibc does. */
+HAK_API void* memalign(size_t align, size_t size) {
+  if (align > SIZE_MAX / 2 + 1) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (align & (align - 1)) align = (size_t)1 << (64 - __builtin_clzl(align));
+  return hak_alloc_aligned(align, size);
+}
+
+HAK_API void* valloc(size_t size) { return hak_alloc_aligned(HAK_OS_PAGE, size); }
+
+HAK_API void* pvalloc(size_t size) {
+  size_t rounded = (size + HAK_OS_PAGE - 1) & ~(size_t)(HAK_OS_PAGE - 1);
+  if (rounded < size) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return hak_alloc_aligned(HAK_OS_PAGE, rounded ? rounded : HAK_OS_PAGE);
+}
+
+HAK_API size_t malloc_usable_size(void* p) { return hak_usable(p); }
+HAK_API void free_sized(void* p, size_t size) { hak_free_inline(p); }
+HAK_API void free_aligned_sized(void* p, size_t align, size_t size) { hak_free_inline(p); }
+HAK_API void cfree(void* p) { hak_free_inline(p); }
+
+/* ---- C++ ------------------------------------------------------------------ */
+
+/* Resolved only when libstdc++ is in the process (a C++ program). */
+typedef void (*hak_new_handler_t)(void);
+extern hak_new_handler_t _ZSt15get_new_handlerv(void) __attribute__((weak));
+extern void _ZSt17__throw_bad_allocv(void) __attribute__((weak, noreturn));
+
+/* operator new: on failure call the new_handler and retry; with no handler,
+ * throw std::bad_alloc. */
+HAK_COLD static void* cxx_new_failed(size_t align, size_t size, bool nothrow) {
+  for (;;) {
+    hak_new_handler_t handler = _ZSt15get_new_handlerv ? _ZSt15get_new_handlerv() : NULL;
+    if (handler == NULL) {
+      if (nothrow) return NULL;
+      if (_ZSt17__throw_bad_allocv) _ZSt17__throw_bad_allocv();
+      hak_fatal("operator new failed and std::bad_alloc is not available; size", (void*)size);
+    }
+    handler();
+    void* p = align <= HAK_ALIGN ? hak_alloc_inline(size) : hak_alloc_aligned(align, size);
+    if (p != NULL) return p;
+  }
+}
+
+HAK_INLINE void* cxx_new(size_t size) {
+  void* p = hak_alloc_inline(size);
+  return likely(p != NULL) ? p : cxx_new_failed(0, size, false);
+}
+
+HAK_INLINE void* cxx_new_nothrow(size_t size) {
+  void* p = hak_alloc_inline(size);
+  return likely(p != NULL) ? p : cxx_new_failed(0, size, true);
+}
+
+HAK_INLINE void* cxx_new_aligned(size_t size, size_t align, bool nothrow) {
+  void* p = hak_alloc_aligned(align, size);
+  return likely(p != NULL) ? p : cxx_new_failed(align, size, nothrow);
+}
+
+/* The mangled names: new(size_t), new[](size_t), and their nothrow_t and
+ * align_val_t forms; delete(void*) with size and/or alignment. */
+HAK_API void* _Znwm(size_t n) { return cxx_new(n); }
+HAK_API void* _Znam(size_t n) { return cxx_new(n); }
+HAK_API void* _ZnwmRKSt9nothrow_t(size_t n, const void* nt) { return cxx_new_nothrow(n); }
+HAK_API void* _ZnamRKSt9nothrow_t(size_t n, const void* nt) { return cxx_new_nothrow(n); }
+HAK_API void* _ZnwmSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al, false); }
+HAK_API void* _ZnamSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al, false); }
+HAK_API void* _ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { return cxx_new_aligned(n, al, true); }
+HAK_API void* _ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { return cxx_new_aligned(n, al, true); }
+
+HAK_API void _ZdlPv(void* p) { hak_free_inline(p); }
+HAK_API void _ZdaPv(void* p) { hak_free_inline(p); }
+HAK_API void _ZdlPvm(void* p, size_t n) { hak_free_inline(p); }
+HAK_API void _ZdaPvm(void* p, size_t n) { hak_free_inline(p); }
+HAK_API void _ZdlPvRKSt9nothrow_t(void* p, const void* nt) { hak_free_inline(p); }
+HAK_API void _ZdaPvRKSt9nothrow_t(void* p, const void* nt) { hak_free_inline(p); }
+HAK_API void _ZdlPvSt11align_val_t(void* p, size_t al) { hak_free_inline(p); }
+HAK_API void _ZdaPvSt11align_val_t(void* p, size_t al) { hak_free_inline(p); }
+HAK_API void _ZdlPvmSt11align_val_t(void* p, size_t n, size_t al) { hak_free_inline(p); }
+HAK_API void _ZdaPvmSt11align_val_t(void* p, size_t n, size_t al) { hak_free_inline(p); }
+HAK_API void _ZdlPvSt11align_val_tRKSt9nothrow_t(void* p, size_t al, const void* nt) { hak_free_inline(p); }
+HAK_API void _ZdaPvSt11align_val_tRKSt9nothrow_t(void* p, size_t al, const void* nt) { hak_free_inline(p); }

@@ -1,0 +1,159 @@
+/* Pages: runs of 64 KiB units in a segment holding blocks of one class.
+ * The hot box meets the cold box here: hak_page_new (refill) and
+ * hak_page_retire (an empty page gives its units back). */
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- page queues (doubly linked) ---------------------------------------- */
+
+void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page) {
+  page->prev = NULL;
+  page->next = q->first;
+  if (q->first) q->first->prev = page; else q->last = page;
+  q->first = page;
+}
+
+void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page) {
+  page->next = NULL;
+  page->prev = q->last;
+  if (q->last) q->last->next = page; else q->first = page;
+  q->last = page;
+}
+
+void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page) {
+  if (page->prev) page->prev->next = page->next; else q->first = page->next;
+  if (page->next) page->next->prev = page->prev; else q->last = page->prev;
+  page->next = page->prev = NULL;
+}
+
+/* ---- segment lists of a heap -------------------------------------------- */
+
+static void seg_push(hak_segment_t** list, hak_segment_t* seg) {
+  seg->prev = NULL;
+  seg->next = *list;
+  if (*list) (*list)->prev = seg;
+  *list = seg;
+}
+
+static void seg_remove(hak_segment_t** list, hak_segment_t* seg) {
+  if (seg->prev) seg->prev->next = seg->next; else *list = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+}
+
+/* ---- carving -------------------------------------------------------------- */
+
+/* Carves the next batch of blocks onto the free list.  Batches are bounded so
+ * that a fresh page is touched (and committed) only as it is used. */
+void hak_page_extend(hak_page_t* page) {
+  uint32_t bs = page->block_size;
+  uint32_t n = page->reserved - page->capacity;
+  uint32_t batch = 16384 / bs;
+  if (batch < 4) batch = 4;
+  if (n > batch) n = batch;
+  uint8_t* first = page->start + (size_t)page->capacity * bs;
+  uint8_t* b = first;
+  for (uint32_t i = 1; i < n; i++, b += bs) ((hak_block_t*)b)->next = (hak_block_t*)(b + bs);
+  ((hak_block_t*)b)->next = page->free;
+  page->free = (hak_block_t*)first;
+  page->capacity += n;
+}
+
+/* A new page for class cls (or, with cls == HAK_CLASS_LARGE, one block of
+ * large_size bytes) from the heap's segments, taking a new segment if none
+ * has room. */
+hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
+  unsigned n = cls == HAK_CLASS_LARGE
+                   ? (unsigned)((large_size + HAK_SEG_HDR_SIZE + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT)
+                   : hak_class_units[cls];
+  hak_segment_t* seg;
+  int idx = -1;
+  for (seg = heap->segments; seg != NULL; seg = seg->next)
+    if ((idx = hak_segment_find_units(seg, n)) >= 0) break;
+  if (seg == NULL && hak_heap_absorb_abandoned(heap)) {
+    /* An exited thread's memory is here now: look again before mapping. */
+    for (seg = heap->segments; seg != NULL; seg = seg->next)
+      if ((idx = hak_segment_find_units(seg, n)) >= 0) break;
+  }
+  if (seg == NULL) {
+    if (heap->spare != NULL) {
+      seg = heap->spare;
+      heap->spare = NULL;
+    } else if ((seg = hak_segment_acquire(heap)) == NULL) {
+      return NULL;
+    }
+    seg_push(&heap->segments, seg);
+    idx = 0;
+  }
+  hak_segment_take_units(seg, (unsigned)idx, n);
+  if (seg->free_units == 0) {
+    seg_remove(&heap->segments, seg);
+    seg_push(&heap->full_segments, seg);
+  }
+
+  hak_page_t* page = &seg->pages[idx];
+  for (unsigned j = 1; j < n; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
+  uint8_t* start = (uint8_t*)seg + ((size_t)idx << HAK_UNIT_SHIFT) + (idx == 0 ? HAK_SEG_HDR_SIZE : 0);
+  uint8_t* end = (uint8_t*)seg + ((size_t)(idx + n) << HAK_UNIT_SHIFT);
+  page->head_off = 0;
+  page->flags.any = 0;
+  page->used = 0;
+  page->units = (uint8_t)n;
+  page->index = (uint8_t)idx;
+  page->cls = (uint8_t)cls;
+  page->start = start;
+  page->next = page->prev = NULL;
+  if (cls == HAK_CLASS_LARGE) {
+    page->block_size = (uint32_t)(end - start);
+    page->reserved = page->capacity = 1;
+    page->free = (hak_block_t*)start;
+    page->free->next = NULL;
+  } else {
+    page->block_size = hak_class_size[cls];
+    page->reserved = (uint32_t)((size_t)(end - start) / page->block_size);
+    page->capacity = 0;
+    page->free = NULL;
+    hak_page_extend(page);
+  }
+  hak_count(pages, 1);
+  return page;
+}
+
+/* An empty page gives its units back to its segment; an empty segment is kept
+ * as the heap's spare or returned to the segment cache. */
+void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
+  hak_assert(page->used == 0);
+  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  unsigned idx = page->index, n = page->units;
+  bool was_full = seg->free_units == 0;
+  memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
+  hak_segment_give_units(seg, idx, n);
+  if (was_full) {
+    seg_remove(&heap->full_segments, seg);
+    seg_push(&heap->segments, seg);
+  }
+  if (seg->free_units == 0xFFFFFFFFu) {
+    seg_remove(&heap->segments, seg);
+    if (heap->spare == NULL) {
+      heap->spare = seg;
+    } else {
+      hak_segment_release(seg);
+    }
+  }
+}
+
+/* Moves every segment of from into heap (used when a heap absorbs an
+ * abandoned one); the caller has already re-owned them. */
+void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
+  hak_segment_t** lists[2] = {&from->segments, &from->full_segments};
+  hak_segment_t** to[2] = {&heap->segments, &heap->full_segments};
+  for (int l = 0; l < 2; l++) {
+    while (*lists[l] != NULL) {
+      hak_segment_t* seg = *lists[l];
+      seg_remove(lists[l], seg);
+      atomic_store_explicit(&seg->heap, heap, memory_order_release);
+      seg_push(to[l], seg);
+    }
+  }
+}

@@ -1,0 +1,52 @@
+/* Messages on stderr without allocating: used where the heap may be broken. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+void hak_write_stderr(const char* s) {
+  size_t n = strlen(s);
+  while (n > 0) {
+    ssize_t w = write(2, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+/* "hakmem: <what> 0x<p>", then abort, as glibc does for a bad free. */
+void hak_fatal(const char* what, const void* p) {
+  char buf[256];
+  size_t len = 0;
+  const char* prefix = "hakmem: ";
+  for (const char* s = prefix; *s && len < 200; s++) buf[len++] = *s;
+  for (const char* s = what; *s && len < 200; s++) buf[len++] = *s;
+  buf[len++] = ' ';
+  buf[len++] = '0';
+  buf[len++] = 'x';
+  uintptr_t v = (uintptr_t)p;
+  char hex[16];
+  int nd = 0;
+  do {
+    hex[nd++] = "0123456789abcdef"[v & 15];
+    v >>= 4;
+  } while (v);
+  while (nd) buf[len++] = hex[--nd];
+  buf[len++] = '\n';
+  buf[len] = 0;
+  hak_write_stderr(buf);
+  abort();
+}
+
+#if HAK_DEBUG
+void hak_assert_fail(const char* expr, const char* file, int line) {
+  hak_write_stderr("hakmem: assertion failed: ");
+  hak_write_stderr(expr);
+  hak_write_stderr(" at ");
+  hak_write_stderr(file);
+  hak_write_stderr("\n");
+  (void)line;
+  abort();
+}
+#endif

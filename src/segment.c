@@ -1,0 +1,121 @@
+/* Segments: 2 MiB-aligned units of memory, the segment map that tells which
+ * addresses hakmem owns, the arena they are carved from, and the cache of free
+ * segments.  Free segments are kept (purged beyond a few) rather than unmapped,
+ * so a steady workload maps nothing new. */
+#include <pthread.h>
+#include <string.h>
+
+#include "internal.h"
+
+uint8_t hak_segmap[HAK_SEGMAP_BITS / 8];
+
+void hak_segmap_set(const void* seg, bool on) {
+  uintptr_t idx = (uintptr_t)seg >> HAK_SEG_SHIFT;
+  if (idx >= HAK_SEGMAP_BITS) return;
+  uint8_t bit = (uint8_t)(1u << (idx & 7));
+  if (on)
+    __atomic_fetch_or(&hak_segmap[idx >> 3], bit, __ATOMIC_RELEASE);
+  else
+    __atomic_fetch_and(&hak_segmap[idx >> 3], (uint8_t)~bit, __ATOMIC_RELEASE);
+}
+
+/* Segments are carved from arena chunks reserved many at a time. */
+#define HAK_ARENA_CHUNK (32 * HAK_SEG_SIZE)
+/* Free segments kept without purging; the rest are purged when cached. */
+#define HAK_SEGMENT_DIRTY_KEEP 4
+
+static pthread_mutex_t segment_lock = PTHREAD_MUTEX_INITIALIZER;
+static hak_segment_t* cache_dirty;   /* free segments whose memory is still backed */
+static size_t cache_dirty_count;
+static hak_segment_t* cache_clean;   /* free segments purged (they read as zero) */
+static uint8_t* arena_next;          /* next uncarved segment of the chunk */
+static uint8_t* arena_end;
+
+void hak_segments_lock(void) { pthread_mutex_lock(&segment_lock); }
+void hak_segments_unlock(void) { pthread_mutex_unlock(&segment_lock); }
+
+static hak_segment_t* segment_from_os(void) {
+  if (arena_next == arena_end) {
+    uint8_t* chunk = hak_os_map_aligned(HAK_ARENA_CHUNK, HAK_SEG_SIZE, 0);
+    size_t size = HAK_ARENA_CHUNK;
+    if (chunk == NULL) { /* address space is tight (ulimit -v): one at a time */
+      chunk = hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE, 0);
+      size = HAK_SEG_SIZE;
+      if (chunk == NULL) return NULL;
+    }
+    arena_next = chunk;
+    arena_end = chunk + size;
+  }
+  hak_segment_t* seg = (hak_segment_t*)arena_next;
+  arena_next += HAK_SEG_SIZE;
+  return seg;
+}
+
+hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
+  pthread_mutex_lock(&segment_lock);
+  hak_segment_t* seg = cache_dirty;
+  bool dirty = seg != NULL;
+  if (dirty) {
+    cache_dirty = seg->next;
+    cache_dirty_count--;
+  } else if ((seg = cache_clean) != NULL) {
+    cache_clean = seg->next;
+  } else {
+    seg = segment_from_os();
+  }
+  pthread_mutex_unlock(&segment_lock);
+  if (seg == NULL) return NULL;
+  if (dirty) memset(seg->pages, 0, sizeof seg->pages);
+  seg->kind = HAK_SEG_NORMAL;
+  seg->free_units = 0xFFFFFFFFu;
+  seg->next = seg->prev = NULL;
+  seg->map_base = NULL;
+  seg->map_size = 0;
+  seg->huge_block = NULL;
+  atomic_store_explicit(&seg->heap, heap, memory_order_release);
+  hak_segmap_set(seg, true);
+  hak_count(segments, 1);
+  return seg;
+}
+
+void hak_segment_release(hak_segment_t* seg) {
+  hak_assert(seg->free_units == 0xFFFFFFFFu);
+  hak_segmap_set(seg, false);
+  atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
+  pthread_mutex_lock(&segment_lock);
+  if (cache_dirty_count < HAK_SEGMENT_DIRTY_KEEP) {
+    seg->next = cache_dirty;
+    cache_dirty = seg;
+    cache_dirty_count++;
+    pthread_mutex_unlock(&segment_lock);
+    return;
+  }
+  pthread_mutex_unlock(&segment_lock);
+  hak_os_purge(seg, HAK_SEG_SIZE); /* the header too: it reads back as zero */
+  pthread_mutex_lock(&segment_lock);
+  seg->next = cache_clean;
+  cache_clean = seg;
+  pthread_mutex_unlock(&segment_lock);
+}
+
+/* First run of n free units in the segment, or -1. */
+int hak_segment_find_units(hak_segment_t* seg, unsigned n) {
+  uint32_t m = seg->free_units;
+  for (unsigned i = 1; i < n && m; i++) m &= seg->free_units >> i;
+  if (m == 0) return -1;
+  return __builtin_ctz(m);
+}
+
+static uint32_t unit_mask(unsigned idx, unsigned n) {
+  return (n >= 32 ? 0xFFFFFFFFu : ((1u << n) - 1)) << idx;
+}
+
+void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n) {
+  hak_assert((seg->free_units & unit_mask(idx, n)) == unit_mask(idx, n));
+  seg->free_units &= ~unit_mask(idx, n);
+}
+
+void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n) {
+  hak_assert((seg->free_units & unit_mask(idx, n)) == 0);
+  seg->free_units |= unit_mask(idx, n);
+}

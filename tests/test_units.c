@@ -1,0 +1,164 @@
+/* Unit tests of hakmem's parts, through its internal header: size classes,
+ * page carving, the segment map, unit runs in a segment, remote frees and
+ * heap abandonment.  Linked with hakmem_api (no malloc override). */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+#include "internal.h"
+
+static void test_size_classes(void) {
+  hak_process_init();
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    CHECK(hak_class_size[c] % HAK_ALIGN == 0);
+    CHECK(hak_class_of(hak_class_size[c]) == c);
+    if (c > 0) CHECK(hak_class_size[c] > hak_class_size[c - 1]);
+    CHECK(hak_class_units[c] >= 1 && hak_class_units[c] <= 16);
+  }
+  CHECK(hak_class_size[HAK_CLASSES - 1] == HAK_CLASS_MAX_SIZE);
+  int bad = 0;
+  for (size_t n = 1; n <= HAK_CLASS_MAX_SIZE; n++) {
+    unsigned c = hak_class_of(n);
+    size_t bs = hak_class_size[c];
+    if (c >= HAK_CLASSES || bs < n) bad++;
+    if (c > 0 && hak_class_size[c - 1] >= n) bad++;          /* the smallest class that fits */
+    if (n > 128 && (bs - n) * 8 > n) bad++;                    /* waste under 12.5% */
+    if (n <= HAK_SMALL_MAX && hak_direct_class[(n + 15) >> 4] != c) bad++;
+  }
+  CHECK(bad == 0);
+}
+
+static void test_page_carving(void) {
+  /* A class of 256-byte blocks: successive allocations come from one page,
+   * carved lazily, and are distinct, aligned, and inside the page. */
+  unsigned cls = hak_class_of(256);
+  void* first = hak_malloc(256);
+  hak_segment_t* seg = hak_segment_of(first);
+  hak_page_t* page = hak_page_of(seg, first);
+  CHECK(page->block_size == 256);
+  CHECK(page->cls == cls);
+  CHECK(page->capacity < page->reserved); /* not all carved at once */
+  uint32_t reserved = page->reserved;
+  void** blocks = calloc(reserved, sizeof(void*));
+  blocks[0] = first;
+  int outside = 0;
+  for (uint32_t i = 1; i < reserved; i++) {
+    blocks[i] = hak_malloc(256);
+    if (hak_page_of(hak_segment_of(blocks[i]), blocks[i]) != page) outside++;
+    if (((uintptr_t)blocks[i] - (uintptr_t)page->start) % 256 != 0) outside++;
+  }
+  CHECK(outside <= 1); /* the page may already have been partly used */
+  CHECK(page->used >= reserved - 1);
+  for (uint32_t i = 0; i < reserved; i++) hak_free(blocks[i]);
+  free(blocks);
+}
+
+static void test_segment_map(void) {
+  int on_stack = 0;
+  void* p = hak_malloc(100);
+  CHECK(hak_segmap_contains(hak_segment_of(p)));
+  CHECK(!hak_segmap_contains(hak_segment_of(&on_stack)));
+  CHECK(!hak_segmap_contains(hak_segment_of(NULL)));
+  void* q = malloc(100); /* the system allocator's */
+  CHECK(!hak_segmap_contains(hak_segment_of(q)));
+  free(q);
+  void* huge = hak_malloc((size_t)8 << 20);
+  hak_segment_t* hs = hak_segment_of(huge);
+  CHECK(hak_segmap_contains(hs) && hs->kind == HAK_SEG_HUGE);
+  hak_free(huge);
+  CHECK(!hak_segmap_contains(hs));
+  /* A block aligned exactly on a segment boundary finds its header below. */
+  void* a = hak_aligned_alloc((size_t)4 << 20, (size_t)3 << 20);
+  CHECK(((uintptr_t)a & (((size_t)4 << 20) - 1)) == 0);
+  CHECK(hak_segmap_contains(hak_segment_of(a)) && hak_segment_of(a)->huge_block == a);
+  hak_free(a);
+  hak_free(p);
+}
+
+static void test_unit_runs(void) {
+  static hak_segment_t seg; /* only the unit bitmap is used */
+  seg.free_units = 0xFFFFFFFFu;
+  CHECK(hak_segment_find_units(&seg, 1) == 0);
+  CHECK(hak_segment_find_units(&seg, 32) == 0);
+  hak_segment_take_units(&seg, 0, 3);
+  CHECK(hak_segment_find_units(&seg, 1) == 3);
+  hak_segment_take_units(&seg, 4, 10);
+  CHECK(hak_segment_find_units(&seg, 1) == 3);
+  CHECK(hak_segment_find_units(&seg, 2) == 14);
+  CHECK(hak_segment_find_units(&seg, 18) == 14);
+  CHECK(hak_segment_find_units(&seg, 19) == -1);
+  hak_segment_give_units(&seg, 0, 3);
+  CHECK(hak_segment_find_units(&seg, 4) == 0); /* units 0-3: unit 3 was never taken */
+  CHECK(hak_segment_find_units(&seg, 5) == 14);
+}
+
+/* ---- remote frees -------------------------------------------------------- */
+
+#define NREMOTE 1000
+static void* remote_blocks[NREMOTE];
+
+static void* free_all(void* arg) {
+  for (int i = 0; i < NREMOTE; i++) hak_free(remote_blocks[i]);
+  return NULL;
+}
+
+static void test_remote_free(void) {
+  for (int i = 0; i < NREMOTE; i++) remote_blocks[i] = hak_malloc(48);
+  hak_heap_t* heap = hak_tls_heap;
+  hak_page_t* page = hak_page_of(hak_segment_of(remote_blocks[0]), remote_blocks[0]);
+  uint32_t used_before = page->used;
+  pthread_t t;
+  pthread_create(&t, NULL, free_all, NULL);
+  pthread_join(t, NULL);
+  /* The frees wait on this heap's list; the page still counts them. */
+  CHECK(hak_remote_pending(heap));
+  CHECK(page->used == used_before);
+  hak_remote_collect(heap);
+  CHECK(!hak_remote_pending(heap));
+  CHECK(page->used < used_before);
+}
+
+/* ---- abandonment ------------------------------------------------------------ */
+
+static void* leaver_heap;
+static void* left_blocks[64];
+
+static void* leaver(void* arg) {
+  for (int i = 0; i < 64; i++) left_blocks[i] = hak_malloc(32 + i * 16);
+  leaver_heap = hak_tls_heap;
+  return NULL; /* exits holding its blocks */
+}
+
+static void* adopter(void* arg) {
+  void* p = hak_malloc(64);
+  *(void**)arg = hak_tls_heap;
+  hak_free(p);
+  return NULL;
+}
+
+static void test_abandon_adopt(void) {
+  pthread_t t;
+  pthread_create(&t, NULL, leaver, NULL);
+  pthread_join(t, NULL);
+  size_t adopted = atomic_load(&hak_counters.heaps_adopted);
+  /* The blocks outlive their thread; freeing them goes to the abandoned heap. */
+  for (int i = 0; i < 64; i++) hak_free(left_blocks[i]);
+  hak_segment_t* seg = hak_segment_of(left_blocks[0]);
+  CHECK(hak_segment_heap(seg) == leaver_heap);
+  void* new_heap = NULL;
+  pthread_create(&t, NULL, adopter, &new_heap);
+  pthread_join(t, NULL);
+  CHECK(new_heap == leaver_heap); /* the next thread adopted it whole */
+  CHECK(atomic_load(&hak_counters.heaps_adopted) == adopted + 1);
+}
+
+int main(void) {
+  test_size_classes();
+  test_page_carving();
+  test_segment_map();
+  test_unit_runs();
+  test_remote_free();
+  test_abandon_adopt();
+  return hak_test_result("test_units");
+}
