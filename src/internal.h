@@ -107,8 +107,8 @@ struct hak_segment_s {
   void* map_base;            /* huge: the whole mapping */
   size_t map_size;
   uint8_t* huge_block;       /* huge: the block */
-  uint64_t spare_;           /* pads the prefix to 64 bytes */
-  hak_page_t pages[HAK_UNITS + 1]; /* one more: a huge block may start at +2 MiB */
+  _Atomic uintptr_t owner_tid; /* the owner thread's id while it lives, else 0 */
+  hak_page_t pages[HAK_UNITS];
 };
 
 struct hak_heap_s {
@@ -122,6 +122,7 @@ struct hak_heap_s {
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* all_next;                 /* every heap ever made */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
+  uintptr_t tid;                        /* the owner thread's id, 0 if none */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
@@ -142,10 +143,12 @@ extern uint32_t hak_class_size[HAK_CLASSES];
 extern uint8_t hak_class_units[HAK_CLASSES];
 extern uint8_t hak_direct_class[HAK_DIRECT_SLOTS];
 
-/* Segment map: one bit per 2 MiB of the 47-bit address space, set for every
- * segment hakmem handed out.  free() checks it before trusting a pointer. */
-#define HAK_SEGMAP_BITS ((size_t)1 << (47 - HAK_SEG_SHIFT))
-extern uint8_t hak_segmap[HAK_SEGMAP_BITS / 8];
+/* Segment map: one byte per 2 MiB of the 47-bit address space (64 MiB of
+ * address space, of which only the pages covering hakmem's own segments are
+ * ever touched), non-zero for every segment hakmem handed out.  free() checks
+ * it before trusting a pointer.  A byte, not a bit: one compare on the path. */
+#define HAK_SEGMAP_SIZE ((size_t)1 << (47 - HAK_SEG_SHIFT))
+extern uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 
 /* ---- inline helpers ------------------------------------------------------ */
 
@@ -166,15 +169,23 @@ HAK_INLINE hak_segment_t* hak_segment_of(const void* p) {
 
 HAK_INLINE bool hak_segmap_contains(const hak_segment_t* seg) {
   uintptr_t idx = (uintptr_t)seg >> HAK_SEG_SHIFT;
-  if (unlikely(idx >= HAK_SEGMAP_BITS)) return false;
-  uint8_t byte = __atomic_load_n(&hak_segmap[idx >> 3], __ATOMIC_RELAXED);
-  return (byte >> (idx & 7)) & 1;
+  if (unlikely(idx >= HAK_SEGMAP_SIZE)) return false;
+  return __atomic_load_n(&hak_segmap[idx], __ATOMIC_RELAXED) != 0;
 }
 
+/* The page holding p: the descriptor of p's unit (index * 64 straight from the
+ * address bits), then back to the head of a multi-unit page.  A huge block on
+ * a 2 MiB boundary reads descriptor 0 of its (huge) segment. */
 HAK_INLINE hak_page_t* hak_page_of(hak_segment_t* seg, const void* p) {
-  hak_page_t* pg = &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> HAK_UNIT_SHIFT];
+  uintptr_t off = ((uintptr_t)p >> (HAK_UNIT_SHIFT - 6)) & ((HAK_UNITS - 1) << 6);
+  hak_page_t* pg = (hak_page_t*)((uint8_t*)seg->pages + off);
   return (hak_page_t*)((uint8_t*)pg - pg->head_off);
 }
+
+/* A thread's id: its thread pointer, one instruction away, unique among
+ * live threads.  Segments carry their owner's, so free checks ownership
+ * without loading the heap. */
+HAK_INLINE uintptr_t hak_thread_id(void) { return (uintptr_t)__builtin_thread_pointer(); }
 
 HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
   return atomic_load_explicit(&seg->heap, memory_order_relaxed);
@@ -225,7 +236,8 @@ HAK_INLINE void hak_free_inline(void* p) {
     return;
   }
   hak_page_t* page = hak_page_of(seg, p);
-  if (likely(hak_segment_heap(seg) == hak_tls_heap && page->flags.any == 0)) {
+  if (likely(atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) == hak_thread_id() &&
+             page->flags.any == 0)) {
     hak_block_t* b = (hak_block_t*)p;
     b->next = page->free;
     page->free = b;
@@ -269,6 +281,7 @@ void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
+void hak_segments_set_owner(hak_heap_t* heap);
 
 /* heap.c */
 void hak_heap_set_current(hak_heap_t* heap, unsigned cls);

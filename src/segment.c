@@ -7,16 +7,11 @@
 
 #include "internal.h"
 
-uint8_t hak_segmap[HAK_SEGMAP_BITS / 8];
+uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 
 void hak_segmap_set(const void* seg, bool on) {
   uintptr_t idx = (uintptr_t)seg >> HAK_SEG_SHIFT;
-  if (idx >= HAK_SEGMAP_BITS) return;
-  uint8_t bit = (uint8_t)(1u << (idx & 7));
-  if (on)
-    __atomic_fetch_or(&hak_segmap[idx >> 3], bit, __ATOMIC_RELEASE);
-  else
-    __atomic_fetch_and(&hak_segmap[idx >> 3], (uint8_t)~bit, __ATOMIC_RELEASE);
+  if (idx < HAK_SEGMAP_SIZE) __atomic_store_n(&hak_segmap[idx], (uint8_t)on, __ATOMIC_RELEASE);
 }
 
 /* Segments are carved from arena chunks reserved many at a time. */
@@ -73,6 +68,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   seg->map_size = 0;
   seg->huge_block = NULL;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
+  atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
   hak_segmap_set(seg, true);
   hak_count(segments, 1);
   return seg;
@@ -82,6 +78,7 @@ void hak_segment_release(hak_segment_t* seg) {
   hak_assert(seg->free_units == 0xFFFFFFFFu);
   hak_segmap_set(seg, false);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
+  atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
   pthread_mutex_lock(&segment_lock);
   if (cache_dirty_count < HAK_SEGMENT_DIRTY_KEEP) {
     seg->next = cache_dirty;
