@@ -23,8 +23,8 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
 
 /* Bytes usable at p: to the end of its block. */
 size_t hak_usable(const void* p) {
-  hak_segment_t* seg = hak_segment_of(p);
-  if (!hak_segmap_contains(seg)) return 0;
+  hak_segment_t* seg = hak_segment_lookup(p);
+  if (seg == NULL) return 0;
   if (seg->kind == HAK_SEG_HUGE) return hak_huge_usable(seg, p);
   hak_page_t* page = hak_page_of(seg, p);
   if (page->units == 0) return 0;
@@ -40,8 +40,8 @@ HAK_API void* hak_realloc(void* p, size_t size) {
     hak_free_inline(p);
     return NULL;
   }
-  hak_segment_t* seg = hak_segment_of(p);
-  if (!hak_segmap_contains(seg)) hak_fatal("realloc of a pointer not allocated by hakmem", p);
+  hak_segment_t* seg = hak_segment_lookup(p);
+  if (seg == NULL) hak_fatal("realloc of a pointer not allocated by hakmem", p);
   if (seg->kind == HAK_SEG_HUGE && size > HAK_LARGE_MAX) {
     void* q = hak_huge_realloc(seg, p, size);
     if (q != NULL) return q;
@@ -60,7 +60,7 @@ HAK_API void* hak_realloc(void* p, size_t size) {
 static void mark_aligned(void* p) {
   hak_segment_t* seg = hak_segment_of(p);
   hak_page_t* page = hak_page_of(seg, p);
-  __atomic_store_n(&page->flags.x.has_aligned, 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&page->has_aligned, 1, __ATOMIC_RELAXED);
 }
 
 /* align: a power of two (callers check). */

@@ -11,7 +11,7 @@ uint8_t hak_direct_class[HAK_DIRECT_SLOTS];
 static unsigned units_for(size_t bsize) {
   unsigned min_blocks = bsize <= 16384 ? 8 : 4;
   for (unsigned n = 1; n <= 16; n++) {
-    size_t bytes = n * HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE; /* worst case: the first unit */
+    size_t bytes = n * HAK_UNIT_SIZE;
     size_t blocks = bytes / bsize;
     if (blocks >= min_blocks && (bytes - blocks * bsize) * 8 <= bytes) return n;
   }

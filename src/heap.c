@@ -75,7 +75,8 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     }
     hak_page_t* next = page->next;
     hak_queue_remove(q, page);
-    page->flags.x.in_full = 1;
+    page->in_full = 1;
+    page->div_magic = 0; /* frees take the slow path, which moves it back */
     hak_queue_push_back(&heap->full, page);
     page = next;
   }
@@ -146,16 +147,23 @@ void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   b->next = page->free;
   page->free = b;
-  if (page->flags.x.in_full) {
+  if (page->in_full) {
     hak_queue_remove(&heap->full, page);
-    page->flags.x.in_full = 0;
+    page->in_full = 0;
+    page->div_magic = UINT64_MAX / page->block_size + 1;
     hak_queue_push_back(&heap->queue[page->cls], page);
     if (heap->queue[page->cls].first == page) hak_heap_set_current(heap, page->cls);
   }
   if (--page->used == 0) hak_heap_page_empty(heap, page);
 }
 
-void hak_free_unowned(void* p) { hak_fatal("free of a pointer not allocated by hakmem", p); }
+/* NULL, a pointer hakmem does not own, or a huge block aligned to 2 MiB. */
+void hak_free_special(void* p) {
+  if (p == NULL) return;
+  hak_segment_t* seg = hak_segment_lookup(p);
+  if (seg == NULL) hak_fatal("free of a pointer not allocated by hakmem", p);
+  hak_free_slow(seg, hak_page_of(seg, p), p);
+}
 
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (seg->kind == HAK_SEG_HUGE) {
@@ -167,7 +175,7 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (owner == NULL || page->units == 0 || (uint8_t*)p < page->start)
     hak_fatal("free of an invalid pointer (not a block)", p);
   hak_block_t* b = hak_block_start(page, p);
-  if ((void*)b != p && !__atomic_load_n(&page->flags.x.has_aligned, __ATOMIC_RELAXED))
+  if ((void*)b != p && !__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED))
     hak_fatal("free of an invalid pointer (inside a block)", p);
   if (owner == hak_tls_heap)
     hak_heap_free_local(owner, page, b);

@@ -9,11 +9,17 @@
 
 /* Distance from the header to the block: the header page, or the alignment.
  * An alignment of 2 MiB or more puts the block exactly one segment above the
- * header; hak_segment_of (which masks p-1) still finds the header. */
+ * header, and the segment map marks the block's unit HAK_MAP_HUGE_ABOVE. */
 static size_t huge_offset(size_t align) {
   if (align <= HAK_OS_PAGE) return HAK_SEG_HDR_SIZE;
   if (align < HAK_SEG_SIZE) return align;
   return HAK_SEG_SIZE;
+}
+
+static void huge_map(hak_segment_t* seg, bool on) {
+  hak_segmap_set(seg, on ? HAK_MAP_SEGMENT : HAK_MAP_NONE);
+  if (seg->huge_block == (uint8_t*)seg + HAK_SEG_SIZE)
+    hak_segmap_set(seg->huge_block, on ? HAK_MAP_HUGE_ABOVE : HAK_MAP_NONE);
 }
 
 void* hak_huge_alloc(size_t size, size_t align) {
@@ -37,13 +43,13 @@ void* hak_huge_alloc(size_t size, size_t align) {
   seg->map_base = base;
   seg->map_size = total;
   seg->huge_block = base + off;
-  hak_segmap_set(seg, true);
+  huge_map(seg, true);
   hak_count(huge_allocs, 1);
   return seg->huge_block;
 }
 
 void hak_huge_free(hak_segment_t* seg) {
-  hak_segmap_set(seg, false);
+  huge_map(seg, false);
   hak_os_unmap(seg->map_base, seg->map_size);
 }
 
@@ -69,9 +75,9 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   }
   uint8_t* dest = hak_os_map_aligned(total, HAK_SEG_SIZE, 0);
   if (dest == NULL) return NULL;
-  hak_segmap_set(seg, false);
+  huge_map(seg, false);
   if (hak_os_remap(base, old_total, total, dest) == NULL) {
-    hak_segmap_set(seg, true);
+    huge_map(seg, true);
     hak_os_unmap(dest, total);
     return NULL;
   }
@@ -79,6 +85,6 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   seg->map_base = dest;
   seg->map_size = total;
   seg->huge_block = dest + off;
-  hak_segmap_set(seg, true);
+  huge_map(seg, true);
   return seg->huge_block;
 }

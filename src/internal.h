@@ -39,7 +39,8 @@ void hak_assert_fail(const char* expr, const char* file, int line);
 #define HAK_UNIT_SIZE ((size_t)1 << HAK_UNIT_SHIFT)
 #define HAK_UNITS (HAK_SEG_SIZE / HAK_UNIT_SIZE) /* 32 */
 #define HAK_OS_PAGE 4096
-#define HAK_SEG_HDR_SIZE 4096 /* segment header; the first page starts after it */
+#define HAK_SEG_HDR_SIZE 4096 /* segment header, in unit 0; pages use units 1-31 */
+#define HAK_SEG_ALL_FREE 0xFFFFFFFEu /* free_units of an empty segment */
 #define HAK_ALIGN 16          /* every block is at least this aligned */
 
 /* Size classes: 16..128 in steps of 16, then 8 classes per doubling up to
@@ -63,20 +64,12 @@ typedef struct hak_block_s {
 typedef struct hak_heap_s hak_heap_t;
 typedef struct hak_segment_s hak_segment_t;
 
-/* Page flags: any set bit sends a local free to the slow path. */
-typedef union hak_page_flags_u {
-  uint16_t any;
-  struct {
-    uint8_t in_full;     /* on the heap's full list */
-    uint8_t has_aligned; /* holds blocks handed out at an inner aligned address */
-  } x;
-} hak_page_flags_t;
-
-/* A page descriptor.  The first 16 bytes are all the fast paths touch. */
+/* A page descriptor: 64 bytes, one cache line, all the fast paths touch. */
 typedef struct hak_page_s {
   hak_block_t* free;      /* blocks ready to hand out */
   uint32_t used;          /* blocks out (remote frees not yet collected count as out) */
-  hak_page_flags_t flags;
+  uint8_t in_full;        /* on the heap's full list (div_magic is then 0) */
+  uint8_t has_aligned;    /* holds blocks handed out at an inner aligned address */
   uint16_t head_off;      /* bytes back to the head descriptor of a multi-unit page */
   uint32_t block_size;
   uint32_t capacity;      /* blocks carved so far */
@@ -86,9 +79,14 @@ typedef struct hak_page_s {
   uint8_t index;          /* unit index of the head within its segment */
   uint8_t pad_;
   uint8_t* start;         /* first block */
+  /* UINT64_MAX / block_size + 1: an offset d below 2^32 is a multiple of the
+   * block size iff d * div_magic < div_magic (Lemire, Kaser and Kurz), so
+   * free checks that p starts a block with one multiply.  0 in a descriptor
+   * of no page and while the page is on the full list: every free of it then
+   * takes the slow path, which moves the page back. */
+  uint64_t div_magic;
   struct hak_page_s* next; /* class queue or full list */
   struct hak_page_s* prev;
-  uint64_t spare_;         /* pads the descriptor to 64 bytes: index arithmetic is a shift */
 } hak_page_t;
 
 typedef struct hak_page_queue_s {
@@ -149,6 +147,12 @@ extern uint8_t hak_direct_class[HAK_DIRECT_SLOTS];
  * it before trusting a pointer.  A byte, not a bit: one compare on the path. */
 #define HAK_SEGMAP_SIZE ((size_t)1 << (47 - HAK_SEG_SHIFT))
 extern uint8_t hak_segmap[HAK_SEGMAP_SIZE];
+enum {
+  HAK_MAP_NONE = 0,
+  HAK_MAP_SEGMENT = 1,    /* a segment header is here */
+  HAK_MAP_HUGE_ABOVE = 2, /* a huge block aligned to 2 MiB or more starts here;
+                             its header is one segment below */
+};
 
 /* ---- inline helpers ------------------------------------------------------ */
 
@@ -160,22 +164,29 @@ HAK_INLINE unsigned hak_class_of(size_t size) {
   return 8u + (k - 7u) * 8u + (unsigned)((s >> (k - 3)) & 7u);
 }
 
-/* The segment of a pointer.  p-1 so that a huge block placed exactly on a
- * 2 MiB boundary still finds its header in the unit below (NULL maps to an
- * address outside the segment map). */
-HAK_INLINE hak_segment_t* hak_segment_of(const void* p) {
-  return (hak_segment_t*)(((uintptr_t)p - 1) & ~(uintptr_t)HAK_SEG_MASK);
+/* The segment-map entry covering p. */
+HAK_INLINE unsigned hak_segmap_get(const void* p) {
+  uintptr_t idx = (uintptr_t)p >> HAK_SEG_SHIFT;
+  if (unlikely(idx >= HAK_SEGMAP_SIZE)) return HAK_MAP_NONE;
+  return __atomic_load_n(&hak_segmap[idx], __ATOMIC_RELAXED);
 }
 
-HAK_INLINE bool hak_segmap_contains(const hak_segment_t* seg) {
-  uintptr_t idx = (uintptr_t)seg >> HAK_SEG_SHIFT;
-  if (unlikely(idx >= HAK_SEGMAP_SIZE)) return false;
-  return __atomic_load_n(&hak_segmap[idx], __ATOMIC_RELAXED) != 0;
+/* The 2 MiB unit of p, which is p's segment if the map says HAK_MAP_SEGMENT. */
+HAK_INLINE hak_segment_t* hak_segment_of(const void* p) {
+  return (hak_segment_t*)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
+}
+
+/* The segment holding p, or NULL if hakmem does not own p. */
+HAK_INLINE hak_segment_t* hak_segment_lookup(const void* p) {
+  unsigned m = hak_segmap_get(p);
+  if (likely(m == HAK_MAP_SEGMENT)) return hak_segment_of(p);
+  if (m == HAK_MAP_HUGE_ABOVE) return (hak_segment_t*)((uintptr_t)hak_segment_of(p) - HAK_SEG_SIZE);
+  return NULL;
 }
 
 /* The page holding p: the descriptor of p's unit (index * 64 straight from the
- * address bits), then back to the head of a multi-unit page.  A huge block on
- * a 2 MiB boundary reads descriptor 0 of its (huge) segment. */
+ * address bits), then back to the head of a multi-unit page.  Unit 0 holds the
+ * header and never a page: its descriptor stays zero. */
 HAK_INLINE hak_page_t* hak_page_of(hak_segment_t* seg, const void* p) {
   uintptr_t off = ((uintptr_t)p >> (HAK_UNIT_SHIFT - 6)) & ((HAK_UNITS - 1) << 6);
   hak_page_t* pg = (hak_page_t*)((uint8_t*)seg->pages + off);
@@ -191,6 +202,12 @@ HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
   return atomic_load_explicit(&seg->heap, memory_order_relaxed);
 }
 
+/* Whether p is the start of a block of page (false for a descriptor in no page). */
+HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
+  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)page->start);
+  return (uint64_t)off * page->div_magic < page->div_magic;
+}
+
 /* The start of the block holding p (p may point inside an aligned block). */
 HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
   size_t off = (size_t)((const uint8_t*)p - page->start);
@@ -202,7 +219,7 @@ HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
 void* hak_alloc_slow(hak_heap_t* heap, size_t size);
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
-HAK_COLD void hak_free_unowned(void* p);
+HAK_COLD void hak_free_special(void* p);
 
 /* ---- the fast paths ------------------------------------------------------ */
 
@@ -227,17 +244,19 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
   return hak_alloc_slow(heap, size);
 }
 
-/* free: mask to the segment, check the segment map, and if this thread owns
- * the segment and the page needs no care, push the block. */
+/* free: check the segment map, mask to the segment, and if this thread owns
+ * it and p starts a block of a page not on the full list, push it.
+ * Everything else (NULL, foreign pointers, huge blocks, other threads' blocks,
+ * aligned blocks) goes to the slow paths. */
 HAK_INLINE void hak_free_inline(void* p) {
-  hak_segment_t* seg = hak_segment_of(p);
-  if (unlikely(!hak_segmap_contains(seg))) {
-    if (p != NULL) hak_free_unowned(p);
+  if (unlikely(hak_segmap_get(p) != HAK_MAP_SEGMENT)) {
+    hak_free_special(p);
     return;
   }
+  hak_segment_t* seg = hak_segment_of(p);
   hak_page_t* page = hak_page_of(seg, p);
   if (likely(atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) == hak_thread_id() &&
-             page->flags.any == 0)) {
+             hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
     b->next = page->free;
     page->free = b;
@@ -264,7 +283,7 @@ HAK_COLD __attribute__((noreturn)) void hak_fatal(const char* what, const void* 
 void hak_write_stderr(const char* s);
 
 /* segment.c */
-void hak_segmap_set(const void* seg, bool on);
+void hak_segmap_set(const void* at, unsigned value);
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap);
 void hak_segment_release(hak_segment_t* seg);
 int hak_segment_find_units(hak_segment_t* seg, unsigned n);

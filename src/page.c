@@ -65,7 +65,7 @@ void hak_page_extend(hak_page_t* page) {
  * has room. */
 hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
   unsigned n = cls == HAK_CLASS_LARGE
-                   ? (unsigned)((large_size + HAK_SEG_HDR_SIZE + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT)
+                   ? (unsigned)((large_size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT)
                    : hak_class_units[cls];
   hak_segment_t* seg;
   int idx = -1;
@@ -84,7 +84,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
       return NULL;
     }
     seg_push(&heap->segments, seg);
-    idx = 0;
+    idx = 1;
   }
   hak_segment_take_units(seg, (unsigned)idx, n);
   if (seg->free_units == 0) {
@@ -94,10 +94,11 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
 
   hak_page_t* page = &seg->pages[idx];
   for (unsigned j = 1; j < n; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
-  uint8_t* start = (uint8_t*)seg + ((size_t)idx << HAK_UNIT_SHIFT) + (idx == 0 ? HAK_SEG_HDR_SIZE : 0);
+  uint8_t* start = (uint8_t*)seg + ((size_t)idx << HAK_UNIT_SHIFT);
   uint8_t* end = (uint8_t*)seg + ((size_t)(idx + n) << HAK_UNIT_SHIFT);
   page->head_off = 0;
-  page->flags.any = 0;
+  page->in_full = 0;
+  page->has_aligned = 0;
   page->used = 0;
   page->units = (uint8_t)n;
   page->index = (uint8_t)idx;
@@ -116,6 +117,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     page->free = NULL;
     hak_page_extend(page);
   }
+  page->div_magic = UINT64_MAX / page->block_size + 1;
   hak_count(pages, 1);
   return page;
 }
@@ -133,7 +135,7 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
     seg_remove(&heap->full_segments, seg);
     seg_push(&heap->segments, seg);
   }
-  if (seg->free_units == 0xFFFFFFFFu) {
+  if (seg->free_units == HAK_SEG_ALL_FREE) {
     seg_remove(&heap->segments, seg);
     if (heap->spare == NULL) {
       heap->spare = seg;

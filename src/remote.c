@@ -16,7 +16,7 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
   while (list != NULL) {
     hak_block_t* b = list;
     list = b->next;
-    hak_segment_t* seg = hak_segment_of(b);
+    hak_segment_t* seg = hak_segment_of(b); /* blocks of normal segments only */
     hak_heap_t* owner = hak_segment_heap(seg);
     if (owner == heap)
       hak_heap_free_local(heap, hak_page_of(seg, b), b);

@@ -9,9 +9,9 @@
 
 uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 
-void hak_segmap_set(const void* seg, bool on) {
-  uintptr_t idx = (uintptr_t)seg >> HAK_SEG_SHIFT;
-  if (idx < HAK_SEGMAP_SIZE) __atomic_store_n(&hak_segmap[idx], (uint8_t)on, __ATOMIC_RELEASE);
+void hak_segmap_set(const void* at, unsigned value) {
+  uintptr_t idx = (uintptr_t)at >> HAK_SEG_SHIFT;
+  if (idx < HAK_SEGMAP_SIZE) __atomic_store_n(&hak_segmap[idx], (uint8_t)value, __ATOMIC_RELEASE);
 }
 
 /* Segments are carved from arena chunks reserved many at a time. */
@@ -62,21 +62,21 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   if (seg == NULL) return NULL;
   if (dirty) memset(seg->pages, 0, sizeof seg->pages);
   seg->kind = HAK_SEG_NORMAL;
-  seg->free_units = 0xFFFFFFFFu;
+  seg->free_units = HAK_SEG_ALL_FREE;
   seg->next = seg->prev = NULL;
   seg->map_base = NULL;
   seg->map_size = 0;
   seg->huge_block = NULL;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
   atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
-  hak_segmap_set(seg, true);
+  hak_segmap_set(seg, HAK_MAP_SEGMENT);
   hak_count(segments, 1);
   return seg;
 }
 
 void hak_segment_release(hak_segment_t* seg) {
-  hak_assert(seg->free_units == 0xFFFFFFFFu);
-  hak_segmap_set(seg, false);
+  hak_assert(seg->free_units == HAK_SEG_ALL_FREE);
+  hak_segmap_set(seg, HAK_MAP_NONE);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
   atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
   pthread_mutex_lock(&segment_lock);

@@ -57,23 +57,53 @@ static void test_page_carving(void) {
 static void test_segment_map(void) {
   int on_stack = 0;
   void* p = hak_malloc(100);
-  CHECK(hak_segmap_contains(hak_segment_of(p)));
-  CHECK(!hak_segmap_contains(hak_segment_of(&on_stack)));
-  CHECK(!hak_segmap_contains(hak_segment_of(NULL)));
+  CHECK(hak_segment_lookup(p) == hak_segment_of(p));
+  CHECK(hak_segmap_get(p) == HAK_MAP_SEGMENT);
+  CHECK(hak_segment_lookup(&on_stack) == NULL);
+  CHECK(hak_segment_lookup(NULL) == NULL);
+  CHECK(hak_segment_lookup((void*)UINTPTR_MAX) == NULL);
   void* q = malloc(100); /* the system allocator's */
-  CHECK(!hak_segmap_contains(hak_segment_of(q)));
+  CHECK(hak_segment_lookup(q) == NULL);
   free(q);
+  /* Unit 0 of a segment holds its header, never blocks. */
+  hak_segment_t* seg = hak_segment_of(p);
+  CHECK((uint8_t*)p >= (uint8_t*)seg + HAK_UNIT_SIZE);
+  CHECK(seg->pages[0].units == 0 && seg->pages[0].div_magic == 0);
   void* huge = hak_malloc((size_t)8 << 20);
-  hak_segment_t* hs = hak_segment_of(huge);
-  CHECK(hak_segmap_contains(hs) && hs->kind == HAK_SEG_HUGE);
+  hak_segment_t* hs = hak_segment_lookup(huge);
+  CHECK(hs != NULL && hs->kind == HAK_SEG_HUGE && hs->huge_block == huge);
   hak_free(huge);
-  CHECK(!hak_segmap_contains(hs));
+  CHECK(hak_segmap_get(hs) == HAK_MAP_NONE);
   /* A block aligned exactly on a segment boundary finds its header below. */
   void* a = hak_aligned_alloc((size_t)4 << 20, (size_t)3 << 20);
   CHECK(((uintptr_t)a & (((size_t)4 << 20) - 1)) == 0);
-  CHECK(hak_segmap_contains(hak_segment_of(a)) && hak_segment_of(a)->huge_block == a);
+  CHECK(hak_segmap_get(a) == HAK_MAP_HUGE_ABOVE);
+  hak_segment_t* as = hak_segment_lookup(a);
+  CHECK(as != NULL && as->kind == HAK_SEG_HUGE && as->huge_block == a);
+  CHECK(hak_usable_size(a) >= ((size_t)3 << 20));
   hak_free(a);
+  CHECK(hak_segmap_get(a) == HAK_MAP_NONE && hak_segmap_get(as) == HAK_MAP_NONE);
   hak_free(p);
+}
+
+static void test_block_start_check(void) {
+  /* The multiply test agrees with the remainder for every offset of a page of
+   * every class, and for the large (single-block) spans. */
+  int bad = 0;
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    hak_page_t page = {0};
+    page.start = (uint8_t*)(uintptr_t)0x10000;
+    page.block_size = hak_class_size[c];
+    page.div_magic = UINT64_MAX / page.block_size + 1;
+    size_t span = (size_t)hak_class_units[c] * HAK_UNIT_SIZE;
+    for (size_t off = 0; off < span; off += (off % 16 == 0 ? 1 : 7)) {
+      bool expect = off % page.block_size == 0;
+      if (hak_is_block_start(&page, page.start + off) != expect) bad++;
+    }
+  }
+  CHECK(bad == 0);
+  hak_page_t unused = {0};
+  CHECK(!hak_is_block_start(&unused, (void*)0x12340));
 }
 
 static void test_unit_runs(void) {
@@ -157,6 +187,7 @@ int main(void) {
   test_size_classes();
   test_page_carving();
   test_segment_map();
+  test_block_start_check();
   test_unit_runs();
   test_remote_free();
   test_abandon_adopt();
