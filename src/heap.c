@@ -133,14 +133,33 @@ void* hak_alloc_on_dead_thread(size_t size) {
 
 /* ---- free slow path --------------------------------------------------------- */
 
+/* A page became empty.  The current page of its class stays, so that a class
+ * that allocates and frees one block at a time does not fetch and retire a
+ * page each time; others join the heap's empty pages (newest first), whose
+ * oldest give their units back beyond HAK_EMPTY_UNITS_KEEP. */
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
   if (page->cls != HAK_CLASS_LARGE) {
-    /* The current page stays, so that a class that allocates and frees one
-     * block at a time does not fetch and retire a page each time. */
     if (heap->current[page->cls] == page) return;
     hak_queue_remove(&heap->queue[page->cls], page);
   }
-  hak_page_retire(heap, page);
+  hak_queue_push_front(&heap->empty, page);
+  heap->empty_units += page->units;
+  while (heap->empty_units > HAK_EMPTY_UNITS_KEEP) {
+    hak_page_t* oldest = heap->empty.last;
+    hak_queue_remove(&heap->empty, oldest);
+    heap->empty_units -= oldest->units;
+    hak_page_retire(heap, oldest);
+  }
+}
+
+/* Gives the units of every kept empty page back to their segments. */
+void hak_heap_flush_empty(hak_heap_t* heap) {
+  while (heap->empty.first != NULL) {
+    hak_page_t* page = heap->empty.first;
+    hak_queue_remove(&heap->empty, page);
+    hak_page_retire(heap, page);
+  }
+  heap->empty_units = 0;
 }
 
 /* Frees block b (its start) of a page that heap owns. */
@@ -202,8 +221,35 @@ static hak_heap_t* heap_new_locked(void) {
   return heap;
 }
 
+/* Frees that reached heaps in the spare pool (a free in flight while its
+ * heap was absorbed) are passed on; called before mapping a new segment. */
+void hak_heaps_collect_spare(hak_heap_t* heap) {
+  hak_block_t* all = NULL;
+  pthread_mutex_lock(&heaps_lock);
+  for (hak_heap_t* h = spare_pool; h != NULL; h = h->pool_next) {
+    if (!hak_remote_pending(h)) continue;
+    hak_block_t* list = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
+    hak_block_t* tail = list;
+    while (tail->next != NULL) tail = tail->next;
+    tail->next = all;
+    all = list;
+  }
+  pthread_mutex_unlock(&heaps_lock);
+  hak_remote_collect_list(heap, all);
+}
+
+/* The global heap's remote frees are collected when it allocates, and, so
+ * that they do not wait for that, whenever a thread starts or ends. */
+static void global_heap_collect(void) {
+  if (hak_remote_pending(&hak_heap_global) && pthread_mutex_trylock(&global_heap_lock) == 0) {
+    hak_remote_collect(&hak_heap_global);
+    pthread_mutex_unlock(&global_heap_lock);
+  }
+}
+
 hak_heap_t* hak_thread_heap_init(void) {
   hak_process_init();
+  global_heap_collect();
   pthread_mutex_lock(&heaps_lock);
   hak_heap_t* heap = abandoned_pool;
   if (heap != NULL) {
@@ -218,8 +264,6 @@ hak_heap_t* hak_thread_heap_init(void) {
   if (heap == NULL) return NULL;
   heap->pool_next = NULL;
   heap->kind = HAK_HEAP_THREAD;
-  heap->tid = hak_thread_id();
-  hak_segments_set_owner(heap);
   heap_reset_current(heap);
   hak_tls_heap = heap;
   hak_thread_register(heap);
@@ -230,6 +274,7 @@ hak_heap_t* hak_thread_heap_init(void) {
  * the heap where the next thread (or a live one short of memory) takes it. */
 void hak_thread_heap_done(hak_heap_t* heap) {
   if (heap->kind != HAK_HEAP_THREAD) return;
+  global_heap_collect();
   hak_remote_collect(heap);
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     heap->current[c] = &hak_page_empty; /* lets the current page retire too */
@@ -242,14 +287,13 @@ void hak_thread_heap_done(hak_heap_t* heap) {
     }
   }
   memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
+  hak_heap_flush_empty(heap);
   if (heap->spare != NULL) {
     hak_segment_release(heap->spare);
     heap->spare = NULL;
   }
   hak_tls_heap = &hak_heap_dead;
   heap->kind = HAK_HEAP_EMPTY;
-  heap->tid = 0; /* a later thread may get this thread's id */
-  hak_segments_set_owner(heap);
   pthread_mutex_lock(&heaps_lock);
   hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
   heap->pool_next = *pool;
@@ -260,6 +304,9 @@ void hak_thread_heap_done(hak_heap_t* heap) {
 /* A live heap short of memory takes over an abandoned heap's segments and
  * pages instead of mapping more.  Returns false if there was none. */
 bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
+  /* The global heap serves only stray allocations of exiting threads and is
+   * collected rarely: memory it absorbed would stay out of reach. */
+  if (heap->kind != HAK_HEAP_THREAD) return false;
   if (__atomic_load_n(&abandoned_pool, __ATOMIC_RELAXED) == NULL) return false;
   pthread_mutex_lock(&heaps_lock);
   hak_heap_t* from = abandoned_pool;

@@ -50,6 +50,8 @@ void hak_assert_fail(const char* expr, const char* file, int line);
 #define HAK_SMALL_MAX 1024                         /* sizes served by heap->direct */
 #define HAK_DIRECT_SLOTS (HAK_SMALL_MAX / 16 + 1)  /* one slot per 16 bytes */
 #define HAK_CLASS_LARGE 255                        /* single-block pages */
+/* Empty pages a heap keeps for reuse, in units (1 MiB). */
+#define HAK_EMPTY_UNITS_KEEP 16
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
 /* Requests above this can never be satisfied (and keep size arithmetic safe). */
@@ -105,7 +107,7 @@ struct hak_segment_s {
   void* map_base;            /* huge: the whole mapping */
   size_t map_size;
   uint8_t* huge_block;       /* huge: the block */
-  _Atomic uintptr_t owner_tid; /* the owner thread's id while it lives, else 0 */
+  uint64_t spare_;           /* pads the prefix to 64 bytes */
   hak_page_t pages[HAK_UNITS];
 };
 
@@ -114,13 +116,14 @@ struct hak_heap_s {
   hak_page_t* current[HAK_CLASSES];     /* class -> current page, never NULL */
   hak_page_queue_t queue[HAK_CLASSES];  /* pages with (possibly) free blocks */
   hak_page_queue_t full;                /* pages found with no free block */
+  hak_page_queue_t empty;               /* empty pages kept for reuse, newest first */
+  size_t empty_units;                   /* units they hold */
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
   hak_segment_t* spare;                 /* one empty segment kept for reuse */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* all_next;                 /* every heap ever made */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
-  uintptr_t tid;                        /* the owner thread's id, 0 if none */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
@@ -193,11 +196,6 @@ HAK_INLINE hak_page_t* hak_page_of(hak_segment_t* seg, const void* p) {
   return (hak_page_t*)((uint8_t*)pg - pg->head_off);
 }
 
-/* A thread's id: its thread pointer, one instruction away, unique among
- * live threads.  Segments carry their owner's, so free checks ownership
- * without loading the heap. */
-HAK_INLINE uintptr_t hak_thread_id(void) { return (uintptr_t)__builtin_thread_pointer(); }
-
 HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
   return atomic_load_explicit(&seg->heap, memory_order_relaxed);
 }
@@ -255,8 +253,10 @@ HAK_INLINE void hak_free_inline(void* p) {
   }
   hak_segment_t* seg = hak_segment_of(p);
   hak_page_t* page = hak_page_of(seg, p);
-  if (likely(atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) == hak_thread_id() &&
-             hak_is_block_start(page, p))) {
+  /* Ownership is by heap, not by thread id: a thread id (its thread pointer)
+   * is reused by threads a forked child creates, while the parent threads'
+   * heaps still own their segments there. */
+  if (likely(hak_segment_heap(seg) == hak_tls_heap && hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
     b->next = page->free;
     page->free = b;
@@ -300,19 +300,20 @@ void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
-void hak_segments_set_owner(hak_heap_t* heap);
 
 /* heap.c */
 void hak_heap_set_current(hak_heap_t* heap, unsigned cls);
 void* hak_heap_alloc(hak_heap_t* heap, size_t size);
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
+void hak_heap_flush_empty(hak_heap_t* heap);
 hak_heap_t* hak_thread_heap_init(void);
 void hak_thread_heap_done(hak_heap_t* heap);
 void* hak_alloc_on_dead_thread(size_t size);
 void hak_heaps_lock(void);
 void hak_heaps_unlock(void);
 bool hak_heap_absorb_abandoned(hak_heap_t* heap);
+void hak_heaps_collect_spare(hak_heap_t* heap);
 void hak_thread_register(hak_heap_t* heap);
 
 /* remote.c */

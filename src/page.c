@@ -60,48 +60,18 @@ void hak_page_extend(hak_page_t* page) {
   page->capacity += n;
 }
 
-/* A new page for class cls (or, with cls == HAK_CLASS_LARGE, one block of
- * large_size bytes) from the heap's segments, taking a new segment if none
- * has room. */
-hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
-  unsigned n = cls == HAK_CLASS_LARGE
-                   ? (unsigned)((large_size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT)
-                   : hak_class_units[cls];
-  hak_segment_t* seg;
-  int idx = -1;
-  for (seg = heap->segments; seg != NULL; seg = seg->next)
-    if ((idx = hak_segment_find_units(seg, n)) >= 0) break;
-  if (seg == NULL && hak_heap_absorb_abandoned(heap)) {
-    /* An exited thread's memory is here now: look again before mapping. */
-    for (seg = heap->segments; seg != NULL; seg = seg->next)
-      if ((idx = hak_segment_find_units(seg, n)) >= 0) break;
-  }
-  if (seg == NULL) {
-    if (heap->spare != NULL) {
-      seg = heap->spare;
-      heap->spare = NULL;
-    } else if ((seg = hak_segment_acquire(heap)) == NULL) {
-      return NULL;
-    }
-    seg_push(&heap->segments, seg);
-    idx = 1;
-  }
-  hak_segment_take_units(seg, (unsigned)idx, n);
-  if (seg->free_units == 0) {
-    seg_remove(&heap->segments, seg);
-    seg_push(&heap->full_segments, seg);
-  }
-
-  hak_page_t* page = &seg->pages[idx];
+/* Formats the n units at seg->pages[idx] as a page of class cls (or one
+ * large block). */
+static void page_format(hak_page_t* page, unsigned cls) {
+  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  unsigned idx = page->index, n = page->units;
   for (unsigned j = 1; j < n; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
   uint8_t* start = (uint8_t*)seg + ((size_t)idx << HAK_UNIT_SHIFT);
-  uint8_t* end = (uint8_t*)seg + ((size_t)(idx + n) << HAK_UNIT_SHIFT);
+  uint8_t* end = start + ((size_t)n << HAK_UNIT_SHIFT);
   page->head_off = 0;
   page->in_full = 0;
   page->has_aligned = 0;
   page->used = 0;
-  page->units = (uint8_t)n;
-  page->index = (uint8_t)idx;
   page->cls = (uint8_t)cls;
   page->start = start;
   page->next = page->prev = NULL;
@@ -118,6 +88,75 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     hak_page_extend(page);
   }
   page->div_magic = UINT64_MAX / page->block_size + 1;
+}
+
+/* A page from the heap's empty pages: of the same class if there is one (it
+ * is ready as it is), else of the same size (formatted anew).  Recently
+ * emptied memory is still in the cache; reusing it first keeps the working
+ * set small. */
+static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
+  hak_page_t* same_size = NULL;
+  for (hak_page_t* page = heap->empty.first; page != NULL; page = page->next) {
+    if (page->units != n) continue;
+    if (page->cls == cls) {
+      same_size = page;
+      break;
+    }
+    if (same_size == NULL) same_size = page;
+  }
+  if (same_size == NULL) return NULL;
+  hak_queue_remove(&heap->empty, same_size);
+  heap->empty_units -= n;
+  if (same_size->cls != cls || cls == HAK_CLASS_LARGE) page_format(same_size, cls);
+  return same_size;
+}
+
+static hak_segment_t* segment_with_units(hak_heap_t* heap, unsigned n, int* idx) {
+  for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next)
+    if ((*idx = hak_segment_find_units(seg, n)) >= 0) return seg;
+  return NULL;
+}
+
+/* A new page for class cls (or, with cls == HAK_CLASS_LARGE, one block of
+ * large_size bytes): an empty page of the heap, else free units of its
+ * segments, else an abandoned heap's segments, else a new segment. */
+hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
+  unsigned n = cls == HAK_CLASS_LARGE
+                   ? (unsigned)((large_size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT)
+                   : hak_class_units[cls];
+  hak_page_t* page = page_from_empty(heap, cls, n);
+  if (page != NULL) return page;
+  int idx = -1;
+  hak_segment_t* seg = segment_with_units(heap, n, &idx);
+  if (seg == NULL && heap->empty.first != NULL) {
+    /* Empty pages of other sizes may free a long enough run. */
+    hak_heap_flush_empty(heap);
+    seg = segment_with_units(heap, n, &idx);
+  }
+  if (seg == NULL && hak_heap_absorb_abandoned(heap)) {
+    /* An exited thread's memory is here now: look again before mapping. */
+    seg = segment_with_units(heap, n, &idx);
+  }
+  if (seg == NULL) {
+    if (heap->spare == NULL) hak_heaps_collect_spare(heap);
+    if (heap->spare != NULL) {
+      seg = heap->spare;
+      heap->spare = NULL;
+    } else if ((seg = hak_segment_acquire(heap)) == NULL) {
+      return NULL;
+    }
+    seg_push(&heap->segments, seg);
+    idx = 1;
+  }
+  hak_segment_take_units(seg, (unsigned)idx, n);
+  if (seg->free_units == 0) {
+    seg_remove(&heap->segments, seg);
+    seg_push(&heap->full_segments, seg);
+  }
+  page = &seg->pages[idx];
+  page->units = (uint8_t)n;
+  page->index = (uint8_t)idx;
+  page_format(page, cls);
   hak_count(pages, 1);
   return page;
 }
@@ -155,16 +194,7 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
       hak_segment_t* seg = *lists[l];
       seg_remove(lists[l], seg);
       atomic_store_explicit(&seg->heap, heap, memory_order_release);
-      atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
       seg_push(to[l], seg);
     }
   }
-}
-
-/* Stamps the heap's owner thread (heap->tid, 0 for none) on its segments. */
-void hak_segments_set_owner(hak_heap_t* heap) {
-  hak_segment_t* lists[3] = {heap->segments, heap->full_segments, heap->spare};
-  for (int l = 0; l < 3; l++)
-    for (hak_segment_t* seg = lists[l]; seg != NULL; seg = l == 2 ? NULL : seg->next)
-      atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_release);
 }

@@ -68,7 +68,6 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   seg->map_size = 0;
   seg->huge_block = NULL;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
-  atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
   hak_segmap_set(seg, HAK_MAP_SEGMENT);
   hak_count(segments, 1);
   return seg;
@@ -78,7 +77,6 @@ void hak_segment_release(hak_segment_t* seg) {
   hak_assert(seg->free_units == HAK_SEG_ALL_FREE);
   hak_segmap_set(seg, HAK_MAP_NONE);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
-  atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
   pthread_mutex_lock(&segment_lock);
   if (cache_dirty_count < HAK_SEGMENT_DIRTY_KEEP) {
     seg->next = cache_dirty;
