@@ -264,6 +264,8 @@ hak_heap_t* hak_thread_heap_init(void) {
   if (heap == NULL) return NULL;
   heap->pool_next = NULL;
   heap->kind = HAK_HEAP_THREAD;
+  heap->tid = hak_thread_id();
+  hak_segments_set_owner(heap);
   heap_reset_current(heap);
   hak_tls_heap = heap;
   hak_thread_register(heap);
@@ -294,6 +296,8 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   }
   hak_tls_heap = &hak_heap_dead;
   heap->kind = HAK_HEAP_EMPTY;
+  heap->tid = 0; /* a later thread may get this thread's id */
+  hak_segments_set_owner(heap);
   pthread_mutex_lock(&heaps_lock);
   hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
   heap->pool_next = *pool;

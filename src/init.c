@@ -52,6 +52,7 @@ static void fork_parent(void) {
   hak_heaps_unlock();
 }
 static void fork_child(void) {
+  hak_segments_fork_child(hak_tls_heap);
   hak_segments_unlock();
   hak_heaps_unlock();
 }

@@ -107,7 +107,7 @@ struct hak_segment_s {
   void* map_base;            /* huge: the whole mapping */
   size_t map_size;
   uint8_t* huge_block;       /* huge: the block */
-  uint64_t spare_;           /* pads the prefix to 64 bytes */
+  _Atomic uintptr_t owner_tid; /* the owner thread's id while it lives, else 0 */
   hak_page_t pages[HAK_UNITS];
 };
 
@@ -124,6 +124,7 @@ struct hak_heap_s {
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* all_next;                 /* every heap ever made */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
+  uintptr_t tid;                        /* the owner thread's id, 0 if none */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
@@ -196,6 +197,12 @@ HAK_INLINE hak_page_t* hak_page_of(hak_segment_t* seg, const void* p) {
   return (hak_page_t*)((uint8_t*)pg - pg->head_off);
 }
 
+/* A thread's id: its thread pointer, one instruction away, unique among the
+ * live threads of a process.  A forked child's threads may reuse the ids of
+ * parent threads whose heaps still own segments there: the child's fork
+ * handler clears those (hak_segments_fork_child). */
+HAK_INLINE uintptr_t hak_thread_id(void) { return (uintptr_t)__builtin_thread_pointer(); }
+
 HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
   return atomic_load_explicit(&seg->heap, memory_order_relaxed);
 }
@@ -253,10 +260,8 @@ HAK_INLINE void hak_free_inline(void* p) {
   }
   hak_segment_t* seg = hak_segment_of(p);
   hak_page_t* page = hak_page_of(seg, p);
-  /* Ownership is by heap, not by thread id: a thread id (its thread pointer)
-   * is reused by threads a forked child creates, while the parent threads'
-   * heaps still own their segments there. */
-  if (likely(hak_segment_heap(seg) == hak_tls_heap && hak_is_block_start(page, p))) {
+  if (likely(atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) == hak_thread_id() &&
+             hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
     b->next = page->free;
     page->free = b;
@@ -300,6 +305,8 @@ void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
+void hak_segments_set_owner(hak_heap_t* heap);
+void hak_segments_fork_child(hak_heap_t* survivor);
 
 /* heap.c */
 void hak_heap_set_current(hak_heap_t* heap, unsigned cls);

@@ -194,7 +194,16 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
       hak_segment_t* seg = *lists[l];
       seg_remove(lists[l], seg);
       atomic_store_explicit(&seg->heap, heap, memory_order_release);
+      atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
       seg_push(to[l], seg);
     }
   }
+}
+
+/* Stamps the heap's owner thread (heap->tid, 0 for none) on its segments. */
+void hak_segments_set_owner(hak_heap_t* heap) {
+  hak_segment_t* lists[3] = {heap->segments, heap->full_segments, heap->spare};
+  for (int l = 0; l < 3; l++)
+    for (hak_segment_t* seg = lists[l]; seg != NULL; seg = l == 2 ? NULL : seg->next)
+      atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_release);
 }

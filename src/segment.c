@@ -25,6 +25,33 @@ static size_t cache_dirty_count;
 static hak_segment_t* cache_clean;   /* free segments purged (they read as zero) */
 static uint8_t* arena_next;          /* next uncarved segment of the chunk */
 static uint8_t* arena_end;
+/* Every normal segment ever carved (they are never unmapped), so that a
+ * forked child can find them all without following any list. */
+static hak_segment_t** registry;
+static size_t registry_count, registry_cap;
+
+static bool registry_add(hak_segment_t* seg) {
+  if (registry_count == registry_cap) {
+    size_t cap = registry_cap ? registry_cap * 2 : 4096;
+    hak_segment_t** grown = hak_os_map(cap * sizeof *grown);
+    if (grown == NULL) return false;
+    for (size_t i = 0; i < registry_count; i++) grown[i] = registry[i];
+    if (registry != NULL) hak_os_unmap(registry, registry_cap * sizeof *registry);
+    registry = grown;
+    registry_cap = cap;
+  }
+  registry[registry_count++] = seg;
+  return true;
+}
+
+/* In a forked child (single-threaded, every lock held): the parent's other
+ * threads are gone, and new threads may get their thread pointers; their
+ * heaps' segments must not match any thread id any more. */
+void hak_segments_fork_child(hak_heap_t* survivor) {
+  for (size_t i = 0; i < registry_count; i++)
+    if (hak_segment_heap(registry[i]) != survivor)
+      atomic_store_explicit(&registry[i]->owner_tid, 0, memory_order_relaxed);
+}
 
 void hak_segments_lock(void) { pthread_mutex_lock(&segment_lock); }
 void hak_segments_unlock(void) { pthread_mutex_unlock(&segment_lock); }
@@ -42,6 +69,7 @@ static hak_segment_t* segment_from_os(void) {
     arena_end = chunk + size;
   }
   hak_segment_t* seg = (hak_segment_t*)arena_next;
+  if (!registry_add(seg)) return NULL;
   arena_next += HAK_SEG_SIZE;
   return seg;
 }
@@ -68,6 +96,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   seg->map_size = 0;
   seg->huge_block = NULL;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
+  atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
   hak_segmap_set(seg, HAK_MAP_SEGMENT);
   hak_count(segments, 1);
   return seg;
@@ -77,6 +106,7 @@ void hak_segment_release(hak_segment_t* seg) {
   hak_assert(seg->free_units == HAK_SEG_ALL_FREE);
   hak_segmap_set(seg, HAK_MAP_NONE);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
+  atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
   pthread_mutex_lock(&segment_lock);
   if (cache_dirty_count < HAK_SEGMENT_DIRTY_KEEP) {
     seg->next = cache_dirty;
