@@ -2,6 +2,7 @@
  * from any first malloc, even inside the dynamic loader's or another
  * library's constructor), the thread-exit hook, fork handling, and the
  * statistics line at exit. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -12,7 +13,7 @@
 static _Atomic int init_state; /* 0 not started, 1 running, 2 done */
 static pthread_key_t thread_key;
 static bool thread_key_ok;
-static bool stats_at_exit;
+static int stats_fd = -1; /* a copy of stderr: programs often close fd 2 before exit */
 
 static void thread_exit_hook(void* value) {
   hak_heap_t* heap = value;
@@ -22,7 +23,7 @@ static void thread_exit_hook(void* value) {
 /* The environment is read once, here, without allocating. */
 static void read_options(void) {
   const char* s = getenv("HAKMEM_STATS");
-  stats_at_exit = s != NULL && s[0] != '\0' && strcmp(s, "0") != 0;
+  if (s != NULL && s[0] != '\0' && strcmp(s, "0") != 0) stats_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
 }
 
 void hak_process_init(void) {
@@ -63,5 +64,5 @@ __attribute__((constructor(101))) static void hak_constructor(void) {
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {
-  if (stats_at_exit) hak_stats_print_line();
+  if (stats_fd >= 0) hak_stats_print_line(stats_fd);
 }

@@ -52,6 +52,8 @@ void hak_assert_fail(const char* expr, const char* file, int line);
 #define HAK_CLASS_LARGE 255                        /* single-block pages */
 /* Empty pages a heap keeps for reuse, in units (1 MiB). */
 #define HAK_EMPTY_UNITS_KEEP 16
+/* Free but backed units a heap lets accumulate before purging them (512 KiB). */
+#define HAK_DIRTY_UNITS_KEEP 8
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
 /* Requests above this can never be satisfied (and keep size arithmetic safe). */
@@ -102,12 +104,14 @@ struct hak_segment_s {
   _Atomic(hak_heap_t*) heap; /* owner; NULL for huge segments and free ones */
   uint32_t kind;
   uint32_t free_units;       /* bit i set: unit i is free */
+  uint32_t dirty_units;      /* free units still backed by memory (not purged) */
+  uint32_t pad_[9];          /* the descriptors start on a cache line */
   hak_segment_t* next;       /* in the owner's segment list or the free cache */
   hak_segment_t* prev;
   void* map_base;            /* huge: the whole mapping */
   size_t map_size;
-  uint8_t* huge_block;       /* huge: the block */
   _Atomic uintptr_t owner_tid; /* the owner thread's id while it lives, else 0 */
+  uint8_t* huge_block;       /* huge: the block */
   hak_page_t pages[HAK_UNITS];
 };
 
@@ -118,6 +122,7 @@ struct hak_heap_s {
   hak_page_queue_t full;                /* pages found with no free block */
   hak_page_queue_t empty;               /* empty pages kept for reuse, newest first */
   size_t empty_units;                   /* units they hold */
+  size_t dirty_units;                   /* free units of its segments not yet purged */
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
   hak_segment_t* spare;                 /* one empty segment kept for reuse */
@@ -286,6 +291,7 @@ void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 /* report.c */
 HAK_COLD __attribute__((noreturn)) void hak_fatal(const char* what, const void* p);
 void hak_write_stderr(const char* s);
+void hak_write_fd(int fd, const char* s);
 
 /* segment.c */
 void hak_segmap_set(const void* at, unsigned value);
@@ -306,6 +312,7 @@ void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
 void hak_segments_set_owner(hak_heap_t* heap);
+void hak_heap_purge(hak_heap_t* heap);
 void hak_segments_fork_child(hak_heap_t* survivor);
 
 /* heap.c */
@@ -352,6 +359,6 @@ typedef struct hak_counters_s {
 } hak_counters_t;
 extern hak_counters_t hak_counters;
 #define hak_count(field, n) atomic_fetch_add_explicit(&hak_counters.field, (n), memory_order_relaxed)
-void hak_stats_print_line(void);
+void hak_stats_print_line(int fd);
 
 #endif

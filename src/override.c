@@ -3,6 +3,7 @@
  * to the system.  The C++ operators are written in C with their mangled names
  * so that a C program preloading hakmem gains no libstdc++ dependency. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 
@@ -69,11 +70,10 @@ extern void _ZSt17__throw_bad_allocv(void) __attribute__((weak, noreturn));
 
 /* operator new: on failure call the new_handler and retry; with no handler,
  * throw std::bad_alloc. */
-HAK_COLD static void* cxx_new_failed(size_t align, size_t size, bool nothrow) {
+HAK_COLD static void* cxx_new_failed(size_t align, size_t size) {
   for (;;) {
     hak_new_handler_t handler = _ZSt15get_new_handlerv ? _ZSt15get_new_handlerv() : NULL;
     if (handler == NULL) {
-      if (nothrow) return NULL;
       if (_ZSt17__throw_bad_allocv) _ZSt17__throw_bad_allocv();
       hak_fatal("operator new failed and std::bad_alloc is not available; size", (void*)size);
     }
@@ -83,31 +83,56 @@ HAK_COLD static void* cxx_new_failed(size_t align, size_t size, bool nothrow) {
   }
 }
 
+/* The nothrow forms must call the new_handler too, and return NULL if it
+ * throws.  C cannot catch, so with a handler installed they defer to
+ * libstdc++'s own nothrow operator (the next definition of the same name),
+ * which calls our throwing operator new inside a try block. */
+typedef void* (*hak_nothrow_new_t)(size_t, const void*);
+typedef void* (*hak_nothrow_new_aligned_t)(size_t, size_t, const void*);
+
+HAK_COLD static void* cxx_nothrow_failed(const char* name, size_t align, size_t size,
+                                         const void* nt) {
+  if (_ZSt15get_new_handlerv == NULL || _ZSt15get_new_handlerv() == NULL) return NULL;
+  void* next = dlsym(RTLD_NEXT, name);
+  if (next == NULL) return NULL;
+  if (align == 0) return ((hak_nothrow_new_t)next)(size, nt);
+  return ((hak_nothrow_new_aligned_t)next)(size, align, nt);
+}
+
 HAK_INLINE void* cxx_new(size_t size) {
   void* p = hak_alloc_inline(size);
-  return likely(p != NULL) ? p : cxx_new_failed(0, size, false);
+  return likely(p != NULL) ? p : cxx_new_failed(0, size);
 }
 
-HAK_INLINE void* cxx_new_nothrow(size_t size) {
-  void* p = hak_alloc_inline(size);
-  return likely(p != NULL) ? p : cxx_new_failed(0, size, true);
-}
-
-HAK_INLINE void* cxx_new_aligned(size_t size, size_t align, bool nothrow) {
+HAK_INLINE void* cxx_new_aligned(size_t size, size_t align) {
   void* p = hak_alloc_aligned(align, size);
-  return likely(p != NULL) ? p : cxx_new_failed(align, size, nothrow);
+  return likely(p != NULL) ? p : cxx_new_failed(align, size);
 }
+
+#define CXX_NOTHROW(name, size, nt)            \
+  do {                                         \
+    void* p = hak_alloc_inline(size);          \
+    if (likely(p != NULL)) return p;           \
+    return cxx_nothrow_failed(name, 0, size, nt); \
+  } while (0)
+
+#define CXX_NOTHROW_ALIGNED(name, size, al, nt)  \
+  do {                                           \
+    void* p = hak_alloc_aligned(al, size);       \
+    if (likely(p != NULL)) return p;             \
+    return cxx_nothrow_failed(name, al, size, nt); \
+  } while (0)
 
 /* The mangled names: new(size_t), new[](size_t), and their nothrow_t and
  * align_val_t forms; delete(void*) with size and/or alignment. */
 HAK_API void* _Znwm(size_t n) { return cxx_new(n); }
 HAK_API void* _Znam(size_t n) { return cxx_new(n); }
-HAK_API void* _ZnwmRKSt9nothrow_t(size_t n, const void* nt) { return cxx_new_nothrow(n); }
-HAK_API void* _ZnamRKSt9nothrow_t(size_t n, const void* nt) { return cxx_new_nothrow(n); }
-HAK_API void* _ZnwmSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al, false); }
-HAK_API void* _ZnamSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al, false); }
-HAK_API void* _ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { return cxx_new_aligned(n, al, true); }
-HAK_API void* _ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { return cxx_new_aligned(n, al, true); }
+HAK_API void* _ZnwmRKSt9nothrow_t(size_t n, const void* nt) { CXX_NOTHROW(__func__, n, nt); }
+HAK_API void* _ZnamRKSt9nothrow_t(size_t n, const void* nt) { CXX_NOTHROW(__func__, n, nt); }
+HAK_API void* _ZnwmSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al); }
+HAK_API void* _ZnamSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al); }
+HAK_API void* _ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { CXX_NOTHROW_ALIGNED(__func__, n, al, nt); }
+HAK_API void* _ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { CXX_NOTHROW_ALIGNED(__func__, n, al, nt); }
 
 HAK_API void _ZdlPv(void* p) { hak_free_inline(p); }
 HAK_API void _ZdaPv(void* p) { hak_free_inline(p); }

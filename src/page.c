@@ -149,6 +149,9 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     idx = 1;
   }
   hak_segment_take_units(seg, (unsigned)idx, n);
+  uint32_t reused = seg->dirty_units & (uint32_t)((((uint64_t)1 << n) - 1) << idx);
+  seg->dirty_units &= ~reused;
+  heap->dirty_units -= (size_t)__builtin_popcount(reused);
   if (seg->free_units == 0) {
     seg_remove(&heap->segments, seg);
     seg_push(&heap->full_segments, seg);
@@ -170,11 +173,16 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
   bool was_full = seg->free_units == 0;
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
   hak_segment_give_units(seg, idx, n);
+  seg->dirty_units |= (uint32_t)((((uint64_t)1 << n) - 1) << idx);
+  heap->dirty_units += n;
   if (was_full) {
     seg_remove(&heap->full_segments, seg);
     seg_push(&heap->segments, seg);
   }
   if (seg->free_units == HAK_SEG_ALL_FREE) {
+    /* Leaving the heap: its backed units are the spare's or the cache's. */
+    heap->dirty_units -= (size_t)__builtin_popcount(seg->dirty_units);
+    seg->dirty_units = 0;
     seg_remove(&heap->segments, seg);
     if (heap->spare == NULL) {
       heap->spare = seg;
@@ -182,6 +190,23 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
       hak_segment_release(seg);
     }
   }
+  if (heap->dirty_units > HAK_DIRTY_UNITS_KEEP) hak_heap_purge(heap);
+}
+
+/* Gives back the memory of every free unit of the heap's segments, one
+ * madvise per run of units. */
+void hak_heap_purge(hak_heap_t* heap) {
+  for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
+    uint32_t dirty = seg->dirty_units;
+    while (dirty != 0) {
+      unsigned lo = (unsigned)__builtin_ctz(dirty);
+      unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(dirty >> lo)); /* <= 32 */
+      hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
+      dirty &= ~(uint32_t)((((uint64_t)1 << len) - 1) << lo);
+    }
+    seg->dirty_units = 0;
+  }
+  heap->dirty_units = 0;
 }
 
 /* Moves every segment of from into heap (used when a heap absorbs an

@@ -5,15 +5,17 @@
 
 #include "internal.h"
 
-void hak_write_stderr(const char* s) {
+void hak_write_fd(int fd, const char* s) {
   size_t n = strlen(s);
   while (n > 0) {
-    ssize_t w = write(2, s, n);
+    ssize_t w = write(fd, s, n);
     if (w <= 0) return;
     s += w;
     n -= (size_t)w;
   }
 }
+
+void hak_write_stderr(const char* s) { hak_write_fd(2, s); }
 
 /* "hakmem: <what> 0x<p>", then abort, as glibc does for a bad free. */
 void hak_fatal(const char* what, const void* p) {

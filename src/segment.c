@@ -17,7 +17,7 @@ void hak_segmap_set(const void* at, unsigned value) {
 /* Segments are carved from arena chunks reserved many at a time. */
 #define HAK_ARENA_CHUNK (32 * HAK_SEG_SIZE)
 /* Free segments kept without purging; the rest are purged when cached. */
-#define HAK_SEGMENT_DIRTY_KEEP 4
+#define HAK_SEGMENT_DIRTY_KEEP 2
 
 static pthread_mutex_t segment_lock = PTHREAD_MUTEX_INITIALIZER;
 static hak_segment_t* cache_dirty;   /* free segments whose memory is still backed */
@@ -91,6 +91,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   if (dirty) memset(seg->pages, 0, sizeof seg->pages);
   seg->kind = HAK_SEG_NORMAL;
   seg->free_units = HAK_SEG_ALL_FREE;
+  seg->dirty_units = 0;
   seg->next = seg->prev = NULL;
   seg->map_base = NULL;
   seg->map_size = 0;

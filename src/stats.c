@@ -6,7 +6,7 @@
 
 hak_counters_t hak_counters;
 
-void hak_stats_print_line(void) {
+void hak_stats_print_line(int fd) {
   char buf[512];
 #define C(f) atomic_load_explicit(&hak_counters.f, memory_order_relaxed)
   snprintf(buf, sizeof buf,
@@ -15,5 +15,5 @@ void hak_stats_print_line(void) {
            C(segments), C(pages), C(huge_allocs), C(heaps), C(heaps_adopted), C(mmap_calls),
            C(munmap_calls), C(madvise_calls), C(mremap_calls), C(mapped_bytes), C(purged_bytes));
 #undef C
-  hak_write_stderr(buf);
+  hak_write_fd(fd, buf);
 }
