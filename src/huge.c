@@ -40,7 +40,6 @@ void* hak_huge_alloc(size_t size, size_t align) {
   }
   hak_segment_t* seg = (hak_segment_t*)base;
   seg->kind = HAK_SEG_HUGE;
-  seg->map_base = base;
   seg->map_size = total;
   seg->huge_block = base + off;
   huge_map(seg, true);
@@ -50,11 +49,11 @@ void* hak_huge_alloc(size_t size, size_t align) {
 
 void hak_huge_free(hak_segment_t* seg) {
   huge_map(seg, false);
-  hak_os_unmap(seg->map_base, seg->map_size);
+  hak_os_unmap(seg, seg->map_size);
 }
 
 size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
-  return (size_t)((uint8_t*)seg->map_base + seg->map_size - (const uint8_t*)p);
+  return (size_t)((uint8_t*)seg + seg->map_size - (const uint8_t*)p);
 }
 
 /* Resizes a huge block without copying when it can: shrink in place, grow in
@@ -62,8 +61,8 @@ size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
  * caller must allocate and copy (or that memory is exhausted). */
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   if (p != seg->huge_block) hak_fatal("realloc of an invalid pointer (inside a huge block)", p);
-  uint8_t* base = seg->map_base;
-  if ((void*)base != (void*)seg || size <= HAK_LARGE_MAX || size > HAK_SIZE_LIMIT) return NULL;
+  uint8_t* base = (uint8_t*)seg;
+  if (size <= HAK_LARGE_MAX || size > HAK_SIZE_LIMIT) return NULL;
   size_t off = (size_t)((uint8_t*)p - base);
   size_t old_total = seg->map_size;
   size_t total = PAGE_UP(off + size);
@@ -82,7 +81,6 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
     return NULL;
   }
   seg = (hak_segment_t*)dest;
-  seg->map_base = dest;
   seg->map_size = total;
   seg->huge_block = dest + off;
   huge_map(seg, true);

@@ -100,18 +100,18 @@ typedef struct hak_page_queue_s {
 
 enum { HAK_SEG_NORMAL = 1, HAK_SEG_HUGE = 2 };
 
+/* The header: 64 bytes, then the descriptors, each on a cache line of its own. */
 struct hak_segment_s {
-  _Atomic(hak_heap_t*) heap; /* owner; NULL for huge segments and free ones */
-  uint32_t kind;
-  uint32_t free_units;       /* bit i set: unit i is free */
-  uint32_t dirty_units;      /* free units still backed by memory (not purged) */
-  uint32_t pad_[9];          /* the descriptors start on a cache line */
-  hak_segment_t* next;       /* in the owner's segment list or the free cache */
-  hak_segment_t* prev;
-  void* map_base;            /* huge: the whole mapping */
-  size_t map_size;
+  _Atomic(hak_heap_t*) heap;   /* owner; NULL for huge segments and free ones */
   _Atomic uintptr_t owner_tid; /* the owner thread's id while it lives, else 0 */
-  uint8_t* huge_block;       /* huge: the block */
+  uint32_t kind;
+  uint32_t free_units;         /* bit i set: unit i is free */
+  uint32_t dirty_units;        /* free units still backed by memory (not purged) */
+  uint32_t pad_;
+  hak_segment_t* next;         /* in the owner's segment list or the free cache */
+  hak_segment_t* prev;
+  size_t map_size;             /* huge: the mapping, which starts at the header */
+  uint8_t* huge_block;         /* huge: the block */
   hak_page_t pages[HAK_UNITS];
 };
 
@@ -139,6 +139,7 @@ enum { HAK_HEAP_EMPTY = 0, HAK_HEAP_DEAD = 1, HAK_HEAP_THREAD = 2, HAK_HEAP_GLOB
 
 _Static_assert(sizeof(hak_page_t) == 64, "page descriptors are 64 bytes");
 _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HDR_SIZE, "segment header fits its page");
+_Static_assert(offsetof(hak_segment_t, pages) == 64, "descriptors are cache-line aligned");
 
 /* ---- globals ------------------------------------------------------------ */
 

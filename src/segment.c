@@ -93,7 +93,6 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   seg->free_units = HAK_SEG_ALL_FREE;
   seg->dirty_units = 0;
   seg->next = seg->prev = NULL;
-  seg->map_base = NULL;
   seg->map_size = 0;
   seg->huge_block = NULL;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
