@@ -15,9 +15,9 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
+  if (total > HAK_LARGE_MAX) return hak_huge_alloc(total, 0, true); /* fresh mappings are zero */
   void* p = hak_alloc_inline(total);
-  /* Huge blocks are fresh mappings: already zero. */
-  if (p != NULL && total <= HAK_LARGE_MAX) memset(p, 0, total);
+  if (p != NULL) memset(p, 0, total);
   return p;
 }
 
@@ -79,7 +79,7 @@ void* hak_alloc_aligned(size_t align, size_t size) {
       return hak_alloc_inline(rounded);
   }
   size_t need = size + align - HAK_ALIGN;
-  if (need > HAK_LARGE_MAX) return hak_huge_alloc(size, align);
+  if (need > HAK_LARGE_MAX) return hak_huge_alloc(size, align, false);
   uint8_t* p = hak_alloc_inline(need);
   if (p == NULL) return NULL;
   uint8_t* q = (uint8_t*)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));

@@ -112,11 +112,11 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
 void* hak_heap_alloc(hak_heap_t* heap, size_t size) {
   if (size <= HAK_CLASS_MAX_SIZE) return heap_alloc_class(heap, hak_class_of(size));
   if (size <= HAK_LARGE_MAX) return heap_alloc_large(heap, size);
-  return hak_huge_alloc(size, 0);
+  return hak_huge_alloc(size, 0, false);
 }
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
-  if (size > HAK_LARGE_MAX) return hak_huge_alloc(size, 0); /* needs no heap */
+  if (size > HAK_LARGE_MAX) return hak_huge_alloc(size, 0, false); /* needs no heap */
   if (unlikely(heap->kind < HAK_HEAP_THREAD)) {
     if (heap->kind == HAK_HEAP_DEAD || (heap = hak_thread_heap_init()) == NULL)
       return hak_alloc_on_dead_thread(size);

@@ -1,9 +1,109 @@
 /* Huge blocks: above HAK_LARGE_MAX a block gets a mapping of its own, laid
  * out as a segment (header at a 2 MiB boundary, so free finds it by the same
- * mask), and realloc grows or moves it with mremap instead of copying. */
+ * mask), and realloc grows or moves it with mremap instead of copying.  Freed
+ * mappings are kept briefly (bounded in bytes and age) so that a program that
+ * allocates and frees a big buffer in a loop maps nothing per cycle. */
 #include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
 
 #include "internal.h"
+
+#define HUGE_CACHE_SLOTS 8
+#define HUGE_CACHE_BYTES ((size_t)64 << 20)
+#define HUGE_CACHE_MAX_AGE_NS 1000000000LL /* 1 s */
+
+typedef struct huge_cached_s {
+  hak_segment_t* seg; /* NULL: slot free */
+  long long freed_ns;
+} huge_cached_t;
+
+static pthread_mutex_t huge_lock = PTHREAD_MUTEX_INITIALIZER;
+static huge_cached_t huge_cache[HUGE_CACHE_SLOTS];
+static size_t huge_cache_bytes;
+
+static long long now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* vDSO: no system call */
+  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void hak_huge_lock(void) { pthread_mutex_lock(&huge_lock); }
+void hak_huge_unlock(void) { pthread_mutex_unlock(&huge_lock); }
+
+/* Takes the cached mapping that fits total bytes best, wasting at most a
+ * quarter; unmaps the ones that have aged out.  Called without the lock. */
+static hak_segment_t* huge_cache_take(size_t total) {
+  hak_segment_t* expired[HUGE_CACHE_SLOTS];
+  int nexpired = 0;
+  hak_segment_t* best = NULL;
+  long long now = now_ns();
+  pthread_mutex_lock(&huge_lock);
+  int best_slot = -1;
+  for (int i = 0; i < HUGE_CACHE_SLOTS; i++) {
+    hak_segment_t* seg = huge_cache[i].seg;
+    if (seg == NULL) continue;
+    if (now - huge_cache[i].freed_ns > HUGE_CACHE_MAX_AGE_NS) {
+      expired[nexpired++] = seg;
+      huge_cache_bytes -= seg->map_size;
+      huge_cache[i].seg = NULL;
+      continue;
+    }
+    if (seg->map_size >= total && seg->map_size - total <= total / 4 &&
+        (best_slot < 0 || seg->map_size < huge_cache[best_slot].seg->map_size))
+      best_slot = i;
+  }
+  if (best_slot >= 0) {
+    best = huge_cache[best_slot].seg;
+    huge_cache[best_slot].seg = NULL;
+    huge_cache_bytes -= best->map_size;
+  }
+  pthread_mutex_unlock(&huge_lock);
+  for (int i = 0; i < nexpired; i++) hak_os_unmap(expired[i], expired[i]->map_size);
+  return best;
+}
+
+static bool huge_cache_full(void) {
+  for (int i = 0; i < HUGE_CACHE_SLOTS; i++)
+    if (huge_cache[i].seg == NULL) return false;
+  return true;
+}
+
+static int huge_cache_oldest(void) {
+  int oldest = -1;
+  for (int i = 0; i < HUGE_CACHE_SLOTS; i++)
+    if (huge_cache[i].seg != NULL && (oldest < 0 || huge_cache[i].freed_ns < huge_cache[oldest].freed_ns))
+      oldest = i;
+  return oldest;
+}
+
+/* Keeps a freed mapping, evicting the oldest if the cache is full. */
+static void huge_cache_put(hak_segment_t* seg) {
+  if (seg->map_size > HUGE_CACHE_BYTES / 2) {
+    hak_os_unmap(seg, seg->map_size);
+    return;
+  }
+  hak_segment_t* evicted[HUGE_CACHE_SLOTS + 1];
+  int nevicted = 0;
+  pthread_mutex_lock(&huge_lock);
+  while (huge_cache_bytes + seg->map_size > HUGE_CACHE_BYTES || huge_cache_full()) {
+    int oldest = huge_cache_oldest();
+    evicted[nevicted++] = huge_cache[oldest].seg;
+    huge_cache_bytes -= huge_cache[oldest].seg->map_size;
+    huge_cache[oldest].seg = NULL;
+  }
+  for (int i = 0; i < HUGE_CACHE_SLOTS; i++) {
+    if (huge_cache[i].seg == NULL) {
+      huge_cache[i].seg = seg;
+      huge_cache[i].freed_ns = now_ns();
+      huge_cache_bytes += seg->map_size;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&huge_lock);
+  for (int i = 0; i < nevicted; i++) hak_os_unmap(evicted[i], evicted[i]->map_size);
+}
 
 #define PAGE_UP(x) (((x) + HAK_OS_PAGE - 1) & ~(size_t)(HAK_OS_PAGE - 1))
 
@@ -22,13 +122,22 @@ static void huge_map(hak_segment_t* seg, bool on) {
     hak_segmap_set(seg->huge_block, on ? HAK_MAP_HUGE_ABOVE : HAK_MAP_NONE);
 }
 
-void* hak_huge_alloc(size_t size, size_t align) {
+void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   if (size > HAK_SIZE_LIMIT || align > HAK_SIZE_LIMIT) {
     errno = ENOMEM;
     return NULL;
   }
   size_t off = huge_offset(align);
   size_t total = PAGE_UP(off + size);
+  if (off == HAK_SEG_HDR_SIZE) {
+    hak_segment_t* seg = huge_cache_take(total);
+    if (seg != NULL) {
+      seg->huge_block = (uint8_t*)seg + off;
+      if (zero) memset(seg->huge_block, 0, size);
+      huge_map(seg, true);
+      return seg->huge_block;
+    }
+  }
   /* The header sits on a 2 MiB boundary; with a larger alignment, that
    * boundary is one segment below an aligned address.  The mapping kept is
    * at most size + alignment (plus a page of rounding). */
@@ -49,7 +158,10 @@ void* hak_huge_alloc(size_t size, size_t align) {
 
 void hak_huge_free(hak_segment_t* seg) {
   huge_map(seg, false);
-  hak_os_unmap(seg, seg->map_size);
+  if (seg->huge_block == (uint8_t*)seg + HAK_SEG_HDR_SIZE)
+    huge_cache_put(seg);
+  else
+    hak_os_unmap(seg, seg->map_size);
 }
 
 size_t hak_huge_usable(hak_segment_t* seg, const void* p) {

@@ -47,13 +47,16 @@ void hak_thread_register(hak_heap_t* heap) {
 static void fork_prepare(void) {
   hak_heaps_lock();
   hak_segments_lock();
+  hak_huge_lock();
 }
 static void fork_parent(void) {
+  hak_huge_unlock();
   hak_segments_unlock();
   hak_heaps_unlock();
 }
 static void fork_child(void) {
   hak_segments_fork_child(hak_tls_heap);
+  hak_huge_unlock();
   hak_segments_unlock();
   hak_heaps_unlock();
 }

@@ -340,7 +340,9 @@ HAK_INLINE bool hak_remote_pending(hak_heap_t* heap) {
 }
 
 /* huge.c */
-void* hak_huge_alloc(size_t size, size_t align);
+void* hak_huge_alloc(size_t size, size_t align, bool zero);
+void hak_huge_lock(void);
+void hak_huge_unlock(void);
 void hak_huge_free(hak_segment_t* seg);
 size_t hak_huge_usable(hak_segment_t* seg, const void* p);
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);

@@ -183,6 +183,48 @@ static void test_abandon_adopt(void) {
   CHECK(atomic_load(&hak_counters.heaps_adopted) == adopted + 1);
 }
 
+/* ---- huge blocks ------------------------------------------------------------ */
+
+static size_t counter(_Atomic size_t* c) { return atomic_load(c); }
+
+static void test_huge_cache_and_remap(void) {
+  /* A freed huge block is kept briefly: the same size again maps nothing. */
+  size_t size = (size_t)8 << 20;
+  unsigned char* p = hak_malloc(size);
+  REQUIRE(p != NULL);
+  memset(p, 0xCD, size);
+  hak_free(p);
+  size_t maps = counter(&hak_counters.mmap_calls);
+  unsigned char* q = hak_malloc(size);
+  CHECK(q == p);
+  CHECK(counter(&hak_counters.mmap_calls) == maps);
+  hak_free(q);
+  /* calloc of a reused mapping is zero. */
+  unsigned char* z = hak_calloc(1, size);
+  REQUIRE(z != NULL);
+  int nonzero = 0;
+  for (size_t i = 0; i < size; i += 4093) nonzero += z[i] != 0;
+  CHECK(nonzero == 0 && z[size - 1] == 0);
+  hak_free(z);
+
+  /* Growing 64 MiB to 128 MiB moves pages with mremap: the contents follow,
+   * no new mapping of the new size is filled by copying. */
+  size_t big = (size_t)64 << 20;
+  unsigned char* g = hak_malloc(big);
+  REQUIRE(g != NULL);
+  for (size_t i = 0; i < big; i += 4096) g[i] = (unsigned char)(i >> 12);
+  size_t remaps = counter(&hak_counters.mremap_calls);
+  unsigned char* h = hak_realloc(g, 2 * big);
+  REQUIRE(h != NULL);
+  CHECK(counter(&hak_counters.mremap_calls) > remaps);
+  int wrong = 0;
+  for (size_t i = 0; i < big; i += 4096) wrong += h[i] != (unsigned char)(i >> 12);
+  CHECK(wrong == 0);
+  CHECK(hak_usable_size(h) >= 2 * big);
+  h[2 * big - 1] = 1;
+  hak_free(h);
+}
+
 int main(void) {
   test_size_classes();
   test_page_carving();
@@ -191,5 +233,6 @@ int main(void) {
   test_unit_runs();
   test_remote_free();
   test_abandon_adopt();
+  test_huge_cache_and_remap();
   return hak_test_result("test_units");
 }
