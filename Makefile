@@ -4,7 +4,7 @@
 CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 JOBS ?= 2
 
-.PHONY: all release debug ubsan tsan test test-release test-debug test-ubsan test-tsan deps clean
+.PHONY: all release debug ubsan tsan clang test test-release test-debug test-ubsan test-tsan test-clang deps clean
 
 all: release
 
@@ -24,13 +24,17 @@ tsan:
 	cmake -S . -B build-tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHAK_SANITIZE=thread >/dev/null
 	cmake --build build-tsan -j $(JOBS)
 
+clang:
+	cmake -S . -B build-clang $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+	cmake --build build-clang -j $(JOBS)
+
 deps:
 	bash scripts/install-deps.sh test
 
-# Release and debug run the whole suite; UBSan the whole suite too; TSan the
-# multi-thread tests through the hak_* API (label "tsan").
+# Release (gcc and clang) and debug run the whole suite; UBSan the whole suite
+# too; TSan the multi-thread tests through the hak_* API (label "tsan").
 test: deps
-	$(MAKE) test-release test-debug test-ubsan test-tsan
+	$(MAKE) test-release test-clang test-debug test-ubsan test-tsan
 
 test-release: release
 	cd build && ctest --output-on-failure -j $(JOBS)
@@ -44,8 +48,11 @@ test-ubsan: ubsan
 test-tsan: tsan
 	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L tsan
 
+test-clang: clang
+	cd build-clang && ctest --output-on-failure -j $(JOBS)
+
 clean:
-	rm -rf build build-debug build-ubsan build-tsan
+	rm -rf build build-debug build-ubsan build-tsan build-clang
 
 # Benchmarks (bench/): hakmem side by side with its peers, same binaries via
 # LD_PRELOAD, interleaved.
@@ -57,3 +64,16 @@ bench: release
 bench-instr: release
 	bash scripts/install-deps.sh bench
 	python3 bench/instr.py
+
+# The same comparison in 3 runs of 0.5 s per cell (within 10 minutes on 2 cores).
+.PHONY: bench-quick soak
+bench-quick: release
+	bash scripts/install-deps.sh bench
+	python3 bench/compare.py --quick
+
+# random_mixed under hakmem for DURATION seconds (default 600), RSS and
+# throughput sampled every second; not part of `make bench`.  SOAK_ARGS adds
+# flags, e.g. SOAK_ARGS="--only hakmem,mimalloc --preset mixed-8k".
+DURATION ?= 600
+soak: release
+	python3 bench/soak.py --duration $(DURATION) $(SOAK_ARGS)

@@ -14,7 +14,8 @@ import sys
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-PROGRAMS = ("random_mixed", "string_builder", "pair")
+PROGRAMS = ("random_mixed", "string_builder", "pair", "larson", "xthread", "realloc_growth",
+            "big", "soak")
 
 
 class Allocator:
@@ -28,6 +29,7 @@ class Allocator:
         self.maps_prefix = maps_prefix
         self.malloc_prefix = malloc_prefix
         self.hint = hint
+        self.origin = preload  # where the library was found (preload may be a copy)
 
     def available(self):
         return self.preload is None or os.path.exists(self.preload)
@@ -110,6 +112,32 @@ def parse_line(text, program):
     return None
 
 
+def snapshot(bench_dir, allocs, log=None):
+    """Copies the benchmark binaries and every allocator library that lives
+    in this repository (hakmem) into a fresh temporary directory, so that a
+    rebuild during a long comparison cannot mix two versions.  Returns
+    (temporary directory, benchmark directory inside it); the caller removes
+    the directory.  The copy of libhakmem keeps a name starting with
+    `libhakmem`, so the checks of Allocator still hold."""
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="hakmem-bench-")
+    bdir = os.path.join(tmp, "bench")
+    os.makedirs(bdir)
+    for p in PROGRAMS:
+        src = os.path.join(bench_dir, p)
+        if os.path.exists(src):
+            shutil.copy2(src, os.path.join(bdir, p))
+    for a in allocs:
+        if a.preload and os.path.realpath(a.preload).startswith(ROOT + os.sep):
+            dst = os.path.join(tmp, os.path.basename(a.preload))
+            shutil.copy2(os.path.realpath(a.preload), dst)
+            a.origin = a.preload
+            a.preload = dst
+    if log:
+        log("note: running copies of the benchmarks and of hakmem from %s" % tmp)
+    return tmp, bdir
+
+
 def _stale(binary, sources):
     if not os.path.exists(binary):
         return True
@@ -118,7 +146,7 @@ def _stale(binary, sources):
 
 
 def find_benchmarks(bench_dir=None, log=None):
-    """Directory holding up-to-date random_mixed, string_builder and pair.
+    """Directory holding up-to-date benchmark binaries (PROGRAMS).
 
     Order: an explicit directory; build/bench (rebuilt through cmake when
     stale and build/ is configured); else a direct `cc -O2` build into
@@ -130,10 +158,10 @@ def find_benchmarks(bench_dir=None, log=None):
                 sys.exit("benchmark %s not found in %s" % (p, bench_dir))
         return bench_dir
 
-    header = os.path.join(BENCH_DIR, "bench_common.h")
+    headers = [os.path.join(BENCH_DIR, h) for h in ("bench_common.h", "bench_mixed.h")]
 
     def sources(p):
-        return [os.path.join(BENCH_DIR, p + ".c"), header]
+        return [os.path.join(BENCH_DIR, p + ".c")] + headers
 
     cmake_dir = os.path.join(ROOT, "build", "bench")
     if all(not _stale(os.path.join(cmake_dir, p), sources(p)) for p in PROGRAMS):

@@ -2,11 +2,20 @@
  *
  * - bench_now():        CLOCK_MONOTONIC in seconds.
  * - bench_parse_num():  "20000000", "2e7", "4k", "1M" -> integer.
+ * - bench_parse_size(): "65536", "64k", "8M" -> bytes (binary suffixes).
+ * - bench_parse_seconds(): "0.5" -> seconds, for the --seconds flag that
+ *                       every benchmark takes: run for (at least) that long,
+ *                       looking at the clock every so many operations, and
+ *                       report the operations done (instead of a fixed
+ *                       --iters).
  * - bench_allocator():  which allocator this process runs on, from
  *                       /proc/self/maps (see the comment below).
  * - bench_malloc_from(): the object that actually defines the `malloc`
  *                       this process calls (dlsym + dladdr), a cross-check.
  * - bench_peak_rss_kib(): VmHWM of this process (see below).
+ * - bench_option():     splits "--name value" / "--name=value" arguments.
+ * - bench_touch_pages(): writes one byte in every page of a range.
+ * - bench_report_tail(): the common end of every result line.
  * - BENCH_ESCAPE(p):    makes the compiler treat *p as observed, so that a
  *                       malloc/write/free sequence cannot be optimised away.
  */
@@ -55,6 +64,39 @@ static inline uint64_t bench_parse_num(const char *flag, const char *s)
         exit(2);
     }
     return (uint64_t)(v + 0.5);
+}
+
+/* A duration in seconds for --seconds: a positive decimal number. */
+static inline double bench_parse_seconds(const char *flag, const char *s)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno != 0 || !(v >= 0) || v > 1e7) {
+        fprintf(stderr, "bad value for %s: '%s'\n", flag, s);
+        exit(2);
+    }
+    return v;
+}
+
+/* A byte count: as bench_parse_num, but k/M/G are powers of 1024
+ * (64k = 65536, 1M = 1048576). */
+static inline uint64_t bench_parse_size(const char *flag, const char *s)
+{
+    size_t n = strlen(s);
+    if (n > 0 && n < 64 && strchr("kKmMgG", s[n - 1])) {
+        char num[64];
+        memcpy(num, s, n - 1);
+        num[n - 1] = '\0';
+        uint64_t v = bench_parse_num(flag, num);
+        int shift = (s[n - 1] | 32) == 'k' ? 10 : (s[n - 1] | 32) == 'm' ? 20 : 30;
+        if (v > (UINT64_MAX >> shift)) {
+            fprintf(stderr, "bad value for %s: '%s'\n", flag, s);
+            exit(2);
+        }
+        return v << shift;
+    }
+    return bench_parse_num(flag, s);
 }
 
 static inline const char *bench_basename(const char *path)
@@ -134,6 +176,66 @@ static inline long bench_peak_rss_kib(void)
         fclose(f);
     }
     return kib;
+}
+
+/* Command-line helper: argv[*i] must be "--name=value" or "--name" followed
+ * by a value.  Stores the name in name[] and the value in *val, advances *i
+ * past a separate value.  Returns 1 on success, 0 for "-h"/"--help" (*val
+ * is NULL), and exits with status 2 on anything else. */
+static inline int bench_option(const char *prog, int argc, char **argv, int *i,
+                               char *name, size_t namelen, const char **val)
+{
+    const char *arg = argv[*i];
+    *val = NULL;
+    if (!strcmp(arg, "-h") || !strcmp(arg, "--help"))
+        return 0;
+    if (strncmp(arg, "--", 2) != 0) {
+        fprintf(stderr, "%s: unexpected argument '%s' (try --help)\n", prog, arg);
+        exit(2);
+    }
+    const char *eq = strchr(arg, '=');
+    if (eq) {
+        snprintf(name, namelen, "%.*s", (int)(eq - arg), arg);
+        *val = eq + 1;
+    } else {
+        snprintf(name, namelen, "%s", arg);
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "%s: %s needs a value\n", prog, name);
+            exit(2);
+        }
+        *val = argv[++*i];
+    }
+    return 1;
+}
+
+static inline void bench_unknown_option(const char *prog, const char *name)
+{
+    fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, name);
+    exit(2);
+}
+
+/* Writes one byte in every 4 KiB page of [p + from, p + to) and the last
+ * byte of the range, so that every page of it is really resident. */
+static inline void bench_touch_pages(unsigned char *p, size_t from, size_t to, unsigned char v)
+{
+    if (to <= from)
+        return;
+    for (size_t off = from; off < to; off = (off | 4095) + 1)
+        p[off] = v;
+    p[to - 1] = v;
+    BENCH_ESCAPE(p);
+}
+
+/* Prints " allocator=... malloc_from=... peak_rss_kib=...\n": the end of
+ * every result line, which bench/compare.py checks. */
+static inline void bench_report_tail(void)
+{
+    char alloc_name[256], malloc_from[256];
+    bench_allocator(alloc_name, sizeof alloc_name);
+    bench_malloc_from(malloc_from, sizeof malloc_from);
+    printf(" allocator=%s malloc_from=%s peak_rss_kib=%ld\n", alloc_name, malloc_from,
+           bench_peak_rss_kib());
+    fflush(stdout);
 }
 
 #endif /* HAKMEM_BENCH_COMMON_H */

@@ -4,10 +4,13 @@
  * its high half picks a slot.  If the slot holds a block, the block is freed;
  * otherwise a block of size uniform in [min, max] (from the low half) is
  * malloc'ed into it and its first and last byte are written.  An operation is
- * therefore one malloc or one free; ops = iters * threads.
+ * therefore one malloc or one free; ops = iters * threads, or with
+ * --seconds S the operations done in S seconds (the clock is read every
+ * 4096 operations).
  *
  * Only the operation loop is timed (CLOCK_MONOTONIC); all threads start it
- * together behind a barrier and the clock stops when the last one finishes.
+ * together behind a barrier (the clock starts when all are ready, just before
+ * their release) and the clock stops when the last one finishes.
  * Blocks still held are freed afterwards, outside the timed region.
  *
  * Output: one line on stdout, e.g.
@@ -29,53 +32,38 @@
 #include <string.h>
 
 #include "bench_common.h"
-
-struct preset {
-    const char *name;
-    uint64_t min, max, ws;
-};
-
-static const struct preset presets[] = {
-    { "mixed",     16,   1024,  400 },
-    { "mixed-8k",  16,   1024,  8192 },
-    { "c6-heavy",  257,  768,   400 },
-    { "c7-only",   1024, 1024,  400 },
-    { "tiny",      16,   64,    400 },
-    { "mid_large", 1024, 65536, 400 },
-};
-#define NPRESETS (sizeof presets / sizeof presets[0])
+#include "bench_mixed.h"
 
 struct config {
     uint64_t min, max, ws, iters, seed;
+    double seconds; /* > 0: run this long instead of `iters` operations */
     unsigned threads;
 };
+
+/* With --seconds, the clock is read every CHUNK operations. */
+#define CHUNK 4096
 
 /* Per-thread state, one cache line apart so threads do not share lines. */
 struct worker {
     _Alignas(64) uint64_t rng;
     unsigned index;
     void **slots;
+    uint64_t done; /* operations done */
     pthread_t tid;
 };
 
 static struct config cfg;
-static pthread_barrier_t start_barrier, stop_barrier;
+static pthread_barrier_t ready_barrier, start_barrier, stop_barrier;
+/* Taken by the main thread once every thread is ready, just before they are
+ * released: the start of the timed region and of every --seconds window. */
+static double t_start;
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static void run_ops(struct worker *w)
+static void run_ops(struct worker *w, const uint64_t iters)
 {
     void **const slots = w->slots;
     const uint64_t ws = cfg.ws;
     const uint64_t min = cfg.min;
     const uint64_t span = cfg.max - cfg.min + 1; /* < 2^32, checked */
-    const uint64_t iters = cfg.iters;
     uint64_t s = w->rng;
 
     for (uint64_t i = 0; i < iters; i++) {
@@ -105,6 +93,24 @@ static void run_ops(struct worker *w)
     w->rng = s;
 }
 
+/* The timed part of one thread: cfg.iters operations, or with --seconds
+ * chunks of CHUNK operations until that much time has passed. */
+static void run(struct worker *w)
+{
+    if (cfg.seconds > 0) {
+        const double deadline = t_start + cfg.seconds;
+        uint64_t done = 0;
+        do {
+            run_ops(w, CHUNK);
+            done += CHUNK;
+        } while (bench_now() < deadline);
+        w->done = done;
+    } else {
+        run_ops(w, cfg.iters);
+        w->done = cfg.iters;
+    }
+}
+
 static void free_all(struct worker *w)
 {
     for (uint64_t i = 0; i < cfg.ws; i++)
@@ -127,8 +133,9 @@ static void *thread_main(void *arg)
 {
     struct worker *w = arg;
     setup(w);
+    pthread_barrier_wait(&ready_barrier);
     pthread_barrier_wait(&start_barrier);
-    run_ops(w);
+    run(w);
     pthread_barrier_wait(&stop_barrier);
     free_all(w);
     return NULL;
@@ -138,13 +145,11 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: random_mixed [--preset NAME] [--min N] [--max N] [--ws N]\n"
-        "                    [--iters N] [--threads N] [--seed N]\n"
+        "                    [--iters N | --seconds S] [--threads N] [--seed N]\n"
         "  presets:");
-    for (size_t i = 0; i < NPRESETS; i++)
-        fprintf(f, " %s(%llu-%llu,ws=%llu)", presets[i].name,
-                (unsigned long long)presets[i].min, (unsigned long long)presets[i].max,
-                (unsigned long long)presets[i].ws);
+    print_presets(f);
     fprintf(f, "\n  defaults: --preset mixed --iters 2e7 (per thread) --threads 1 --seed 1\n"
+               "  --seconds S: each thread runs for S seconds instead of --iters operations\n"
                "  explicit flags override the preset; numbers accept 2e7, 4k, 1M\n");
 }
 
@@ -183,10 +188,7 @@ int main(int argc, char **argv)
             val = argv[++i];
         }
         if (!strcmp(name, "--preset")) {
-            preset = NULL;
-            for (size_t k = 0; k < NPRESETS; k++)
-                if (!strcmp(val, presets[k].name))
-                    preset = &presets[k];
+            preset = find_preset(val);
             if (!preset) {
                 fprintf(stderr, "random_mixed: unknown preset '%s'\n", val);
                 usage(stderr);
@@ -200,6 +202,8 @@ int main(int argc, char **argv)
             opt_ws = bench_parse_num(name, val); have_ws = 1;
         } else if (!strcmp(name, "--iters")) {
             cfg.iters = bench_parse_num(name, val);
+        } else if (!strcmp(name, "--seconds")) {
+            cfg.seconds = bench_parse_seconds(name, val);
         } else if (!strcmp(name, "--threads")) {
             threads = bench_parse_num(name, val);
         } else if (!strcmp(name, "--seed")) {
@@ -234,11 +238,11 @@ int main(int argc, char **argv)
     }
     memset(workers, 0, sizeof(struct worker) * cfg.threads);
     for (unsigned t = 0; t < cfg.threads; t++) {
-        uint64_t sm = cfg.seed * 0x100000001B3ULL + t;
         workers[t].index = t;
-        workers[t].rng = splitmix64(&sm) | 1; /* xorshift state must be non-zero */
+        workers[t].rng = bench_seed_state(cfg.seed, t); /* non-zero, as xorshift needs */
     }
 
+    pthread_barrier_init(&ready_barrier, NULL, cfg.threads);
     pthread_barrier_init(&start_barrier, NULL, cfg.threads);
     pthread_barrier_init(&stop_barrier, NULL, cfg.threads);
 
@@ -252,20 +256,24 @@ int main(int argc, char **argv)
     }
     struct worker *w0 = &workers[0];
     setup(w0);
+    pthread_barrier_wait(&ready_barrier);
+    const double t0 = t_start = bench_now();
     pthread_barrier_wait(&start_barrier);
-    const double t0 = bench_now();
-    run_ops(w0);
+    run(w0);
     pthread_barrier_wait(&stop_barrier);
     const double t1 = bench_now();
     free_all(w0);
-    for (unsigned t = 1; t < cfg.threads; t++)
+    uint64_t ops = w0->done;
+    for (unsigned t = 1; t < cfg.threads; t++) {
         pthread_join(workers[t].tid, NULL);
+        ops += workers[t].done;
+    }
+    pthread_barrier_destroy(&ready_barrier);
     pthread_barrier_destroy(&start_barrier);
     pthread_barrier_destroy(&stop_barrier);
     free(workers);
 
     const double seconds = t1 - t0;
-    const uint64_t ops = cfg.iters * cfg.threads;
     const double mops = seconds > 0 ? (double)ops / seconds / 1e6 : 0.0;
     char alloc_name[256], malloc_from[256];
     bench_allocator(alloc_name, sizeof alloc_name);

@@ -2,8 +2,9 @@
  *
  * Each iteration allocates blocks of 8, 16, 32 and 64 bytes, fills each one
  * completely (a NUL-terminated string), then frees the four.  As in
- * random_mixed an operation is one malloc or one free, so ops = 8 * iters.
- * Only the loop is timed (CLOCK_MONOTONIC).
+ * random_mixed an operation is one malloc or one free, so ops = 8 * iters
+ * (with --seconds S, iters is what was done in S seconds, the clock being
+ * read every 1024 iterations).  Only the loop is timed (CLOCK_MONOTONIC).
  *
  * Output: one line on stdout, e.g.
  *   string_builder threads=1 iters=5000000 ops=40000000 seconds=0.2 mops=200.0
@@ -37,26 +38,9 @@ static void fill(char *p, size_t n, uint64_t i)
     BENCH_ESCAPE(p);
 }
 
-int main(int argc, char **argv)
+static void build(uint64_t from, uint64_t to)
 {
-    uint64_t iters = 5000000;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-            printf("usage: string_builder [--iters N]   (default 5e6; ops = 8 * iters)\n");
-            return 0;
-        } else if (!strncmp(arg, "--iters=", 8)) {
-            iters = bench_parse_num("--iters", arg + 8);
-        } else if (!strcmp(arg, "--iters") && i + 1 < argc) {
-            iters = bench_parse_num("--iters", argv[++i]);
-        } else {
-            fprintf(stderr, "string_builder: unknown argument '%s'\n", arg);
-            return 2;
-        }
-    }
-
-    const double t0 = bench_now();
-    for (uint64_t i = 0; i < iters; i++) {
+    for (uint64_t i = from; i < to; i++) {
         char *a = xmalloc(sizes[0]);
         fill(a, sizes[0], i);
         char *b = xmalloc(sizes[1]);
@@ -69,6 +53,45 @@ int main(int argc, char **argv)
         free(b);
         free(c);
         free(d);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t iters = 5000000;
+    double run_for = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            printf("usage: string_builder [--iters N | --seconds S]\n"
+                   "  --iters default 5e6, ops = 8 * iters; --seconds: run S seconds instead\n");
+            return 0;
+        } else if (!strncmp(arg, "--iters=", 8)) {
+            iters = bench_parse_num("--iters", arg + 8);
+        } else if (!strcmp(arg, "--iters") && i + 1 < argc) {
+            iters = bench_parse_num("--iters", argv[++i]);
+        } else if (!strncmp(arg, "--seconds=", 10)) {
+            run_for = bench_parse_seconds("--seconds", arg + 10);
+        } else if (!strcmp(arg, "--seconds") && i + 1 < argc) {
+            run_for = bench_parse_seconds("--seconds", argv[++i]);
+        } else {
+            fprintf(stderr, "string_builder: unknown argument '%s'\n", arg);
+            return 2;
+        }
+    }
+
+    const double t0 = bench_now();
+    if (run_for > 0) {
+        /* Chunks of 1024 iterations until `run_for` seconds have passed. */
+        const double deadline = t0 + run_for;
+        uint64_t done = 0;
+        do {
+            build(done, done + 1024);
+            done += 1024;
+        } while (bench_now() < deadline);
+        iters = done;
+    } else {
+        build(0, iters);
     }
     const double t1 = bench_now();
 
