@@ -290,7 +290,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   }
   memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
   hak_heap_flush_empty(heap);
-  hak_heap_purge(heap); /* an abandoned heap keeps only what is live */
+  hak_heap_purge(heap, hak_now_ms(), true); /* an abandoned heap keeps only what is live */
   if (heap->spare != NULL) {
     hak_segment_release(heap->spare);
     heap->spare = NULL;

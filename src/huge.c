@@ -32,8 +32,10 @@ static long long now_ns(void) {
 void hak_huge_lock(void) { pthread_mutex_lock(&huge_lock); }
 void hak_huge_unlock(void) { pthread_mutex_unlock(&huge_lock); }
 
-/* Takes the cached mapping that fits total bytes best, wasting at most a
- * quarter; unmaps the ones that have aged out.  Called without the lock. */
+/* Takes the smallest cached mapping of at least total bytes, else the largest
+ * smaller one (the caller resizes it: its pages are already backed, which
+ * saves the page faults of a fresh mapping); unmaps the ones that have aged
+ * out.  Called without the lock. */
 static hak_segment_t* huge_cache_take(size_t total) {
   hak_segment_t* expired[HUGE_CACHE_SLOTS];
   int nexpired = 0;
@@ -50,9 +52,13 @@ static hak_segment_t* huge_cache_take(size_t total) {
       huge_cache[i].seg = NULL;
       continue;
     }
-    if (seg->map_size >= total && seg->map_size - total <= total / 4 &&
-        (best_slot < 0 || seg->map_size < huge_cache[best_slot].seg->map_size))
+    if (best_slot < 0) {
       best_slot = i;
+      continue;
+    }
+    size_t have = huge_cache[best_slot].seg->map_size, size = seg->map_size;
+    bool better = have >= total ? (size >= total && size < have) : size > have;
+    if (better) best_slot = i;
   }
   if (best_slot >= 0) {
     best = huge_cache[best_slot].seg;
@@ -122,6 +128,30 @@ static void huge_map(hak_segment_t* seg, bool on) {
     hak_segmap_set(seg->huge_block, on ? HAK_MAP_HUGE_ABOVE : HAK_MAP_NONE);
 }
 
+/* Fits a cached mapping to total bytes: trims the tail of a larger one, grows
+ * a smaller one in place or moves it with mremap.  NULL if it could not (the
+ * mapping is then gone). */
+static hak_segment_t* huge_resize_cached(hak_segment_t* seg, size_t total) {
+  if (seg->map_size > total) {
+    if (seg->map_size / 2 > total) { /* keep up to twice: its pages are backed */
+      hak_os_unmap((uint8_t*)seg + total, seg->map_size - total);
+      seg->map_size = total;
+    }
+    return seg;
+  }
+  if (hak_os_remap(seg, seg->map_size, total, NULL) == NULL) {
+    uint8_t* dest = hak_os_map_aligned(total, HAK_SEG_SIZE, 0);
+    if (dest == NULL || hak_os_remap(seg, seg->map_size, total, dest) == NULL) {
+      if (dest != NULL) hak_os_unmap(dest, total);
+      hak_os_unmap(seg, seg->map_size);
+      return NULL;
+    }
+    seg = (hak_segment_t*)dest;
+  }
+  seg->map_size = total;
+  return seg;
+}
+
 void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   if (size > HAK_SIZE_LIMIT || align > HAK_SIZE_LIMIT) {
     errno = ENOMEM;
@@ -131,6 +161,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   size_t total = PAGE_UP(off + size);
   if (off == HAK_SEG_HDR_SIZE) {
     hak_segment_t* seg = huge_cache_take(total);
+    if (seg != NULL && seg->map_size != total) seg = huge_resize_cached(seg, total);
     if (seg != NULL) {
       seg->huge_block = (uint8_t*)seg + off;
       if (zero) memset(seg->huge_block, 0, size);

@@ -52,8 +52,9 @@ void hak_assert_fail(const char* expr, const char* file, int line);
 #define HAK_CLASS_LARGE 255                        /* single-block pages */
 /* Empty pages a heap keeps for reuse, in units (1 MiB). */
 #define HAK_EMPTY_UNITS_KEEP 16
-/* Free but backed units a heap lets accumulate before purging them (512 KiB). */
-#define HAK_DIRTY_UNITS_KEEP 8
+/* A free unit's memory is given back (madvise) once it has stayed free this
+ * long: units reused sooner cost no system call and no page fault. */
+#define HAK_PURGE_DELAY_MS 100
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
 /* Requests above this can never be satisfied (and keep size arithmetic safe). */
@@ -113,6 +114,7 @@ struct hak_segment_s {
   size_t map_size;             /* huge: the mapping, which starts at the header */
   uint8_t* huge_block;         /* huge: the block */
   hak_page_t pages[HAK_UNITS];
+  uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
 };
 
 struct hak_heap_s {
@@ -123,6 +125,7 @@ struct hak_heap_s {
   hak_page_queue_t empty;               /* empty pages kept for reuse, newest first */
   size_t empty_units;                   /* units they hold */
   size_t dirty_units;                   /* free units of its segments not yet purged */
+  uint32_t purge_due_ms;                /* when the oldest of them is due */
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
   hak_segment_t* spare;                 /* one empty segment kept for reuse */
@@ -288,6 +291,7 @@ void* hak_os_map_aligned(size_t size, size_t align, size_t skew);
 void hak_os_unmap(void* p, size_t size);
 void hak_os_purge(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
+uint32_t hak_now_ms(void);
 
 /* report.c */
 HAK_COLD __attribute__((noreturn)) void hak_fatal(const char* what, const void* p);
@@ -313,7 +317,7 @@ void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
 void hak_segments_set_owner(hak_heap_t* heap);
-void hak_heap_purge(hak_heap_t* heap);
+void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all);
 void hak_segments_fork_child(hak_heap_t* survivor);
 
 /* heap.c */

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -61,4 +62,12 @@ void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed) {
   else
     atomic_fetch_sub_explicit(&hak_counters.mapped_bytes, old_size - new_size, memory_order_relaxed);
   return p;
+}
+
+/* A coarse monotonic clock in milliseconds (vDSO: no system call); it wraps
+ * after 49 days, so compare with a signed difference. */
+uint32_t hak_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint32_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u);
 }

@@ -173,7 +173,10 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
   bool was_full = seg->free_units == 0;
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
   hak_segment_give_units(seg, idx, n);
+  uint32_t now = hak_now_ms();
   seg->dirty_units |= (uint32_t)((((uint64_t)1 << n) - 1) << idx);
+  for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = now;
+  if (heap->dirty_units == 0) heap->purge_due_ms = now + HAK_PURGE_DELAY_MS;
   heap->dirty_units += n;
   if (was_full) {
     seg_remove(&heap->full_segments, seg);
@@ -190,23 +193,38 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
       hak_segment_release(seg);
     }
   }
-  if (heap->dirty_units > HAK_DIRTY_UNITS_KEEP) hak_heap_purge(heap);
+  if (heap->dirty_units != 0 && (int32_t)(now - heap->purge_due_ms) >= 0)
+    hak_heap_purge(heap, now, false);
 }
 
-/* Gives back the memory of every free unit of the heap's segments, one
- * madvise per run of units. */
-void hak_heap_purge(hak_heap_t* heap) {
+/* Gives back the memory of the free units of the heap's segments that have
+ * stayed free for HAK_PURGE_DELAY_MS (all of them if all), one madvise per run
+ * of units, and notes when the next is due. */
+void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
+  size_t left = 0;
+  uint32_t due = now_ms + HAK_PURGE_DELAY_MS;
   for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
-    uint32_t dirty = seg->dirty_units;
-    while (dirty != 0) {
-      unsigned lo = (unsigned)__builtin_ctz(dirty);
-      unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(dirty >> lo)); /* <= 32 */
-      hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
-      dirty &= ~(uint32_t)((((uint64_t)1 << len) - 1) << lo);
+    uint32_t old = 0;
+    for (uint32_t dirty = seg->dirty_units; dirty != 0; dirty &= dirty - 1) {
+      unsigned u = (unsigned)__builtin_ctz(dirty);
+      uint32_t unit_due = seg->unit_freed_ms[u] + HAK_PURGE_DELAY_MS;
+      if (all || (int32_t)(now_ms - unit_due) >= 0) {
+        old |= 1u << u;
+      } else {
+        left++;
+        if ((int32_t)(unit_due - due) < 0) due = unit_due;
+      }
     }
-    seg->dirty_units = 0;
+    seg->dirty_units &= ~old;
+    while (old != 0) {
+      unsigned lo = (unsigned)__builtin_ctz(old);
+      unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(old >> lo)); /* <= 32 */
+      hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
+      old &= ~(uint32_t)((((uint64_t)1 << len) - 1) << lo);
+    }
   }
-  heap->dirty_units = 0;
+  heap->dirty_units = left;
+  heap->purge_due_ms = due;
 }
 
 /* Moves every segment of from into heap (used when a heap absorbs an
