@@ -130,6 +130,7 @@ CONFIGS = [
     _rm("c7-only", "c7-only", what="1024 B only"),
     _rm("tiny", "tiny", what="16-64 B"),
     _rm("mixed-2t", "mixed", threads=2, what="mixed, 2 threads"),
+    _rm("mixed-8k-2t", "mixed-8k", threads=2, what="mixed-8k, 2 threads"),
     _rm("mid_large", "mid_large", what="mid_large_mt: 1-64 KiB, ws=400, 1 thread"),
     _rm("mid_large-2t", "mid_large", threads=2, what="mid_large_mt, 2 threads"),
     _rm("mid_large-8t", "mid_large", threads=8, what="mid_large_mt, 8 threads (oversubscribed)"),

@@ -290,7 +290,10 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   }
   memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
   hak_heap_flush_empty(heap);
-  hak_heap_purge(heap, hak_now_ms(), true); /* an abandoned heap keeps only what is live */
+  /* An abandoned heap keeps little beyond what is live: its free units are
+   * purged unless they are few (a thread that hands its blocks to the next,
+   * as servers do, would otherwise fault the same pages in again). */
+  hak_heap_purge(heap, hak_now_ms(), heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
   if (heap->spare != NULL) {
     hak_segment_release(heap->spare);
     heap->spare = NULL;

@@ -55,6 +55,8 @@ void hak_assert_fail(const char* expr, const char* file, int line);
 /* A free unit's memory is given back (madvise) once it has stayed free this
  * long: units reused sooner cost no system call and no page fault. */
 #define HAK_PURGE_DELAY_MS 100
+/* Free units an exiting thread's heap may keep backed (512 KiB). */
+#define HAK_EXIT_DIRTY_UNITS_KEEP 8
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
 /* Requests above this can never be satisfied (and keep size arithmetic safe). */
