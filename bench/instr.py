@@ -12,6 +12,8 @@ preloaded into the same benchmark binaries:
       path); KEEP=1: one more block of the size stays live, the pure hit path.
   (b) random_mixed --preset mixed at two iteration counts; the difference per
       operation (one malloc or one free).
+  (c) string_builder (malloc 8, 16, 32, 64 B, write, free the four) likewise,
+      per malloc or free.
 
 Ir is callgrind's instruction count (the `totals:` line of its output file);
 the part spent in the benchmark executable itself (its loop, PRNG, slot
@@ -114,6 +116,8 @@ def main():
     ap.add_argument("--pair-n", default="200000,400000", help="the two pair iteration counts")
     ap.add_argument("--mixed-iters", default="1000000,2000000",
                     help="the two random_mixed iteration counts")
+    ap.add_argument("--sb-iters", default="250000,500000",
+                    help="the two string_builder iteration counts")
     ap.add_argument("--preset", default="mixed", help="random_mixed preset (default mixed)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="callgrind runs in parallel (default: CPU count)")
@@ -135,11 +139,13 @@ def main():
     keeps = [int(float(k)) for k in args.keep.split(",")]
     pn = [int(float(x)) for x in args.pair_n.split(",")]
     mi = [int(float(x)) for x in args.mixed_iters.split(",")]
-    if len(pn) != 2 or len(mi) != 2 or pn[0] == pn[1] or mi[0] == mi[1]:
-        sys.exit("--pair-n and --mixed-iters need two different counts")
+    sbi = [int(float(x)) for x in args.sb_iters.split(",")]
+    if any(len(c) != 2 or c[0] == c[1] for c in (pn, mi, sbi)):
+        sys.exit("--pair-n, --mixed-iters and --sb-iters need two different counts")
 
     pair = os.path.join(bench_dir, "pair")
     rm = os.path.join(bench_dir, "random_mixed")
+    sb = os.path.join(bench_dir, "string_builder")
     jobs = []  # (key, cmd, alloc, program)
     for a in allocs:
         for s in sizes:
@@ -150,6 +156,9 @@ def main():
         for n in mi:
             jobs.append(((a.name, "mixed", n),
                          [rm, "--preset", args.preset, "--iters", str(n)], a, "random_mixed"))
+        for n in sbi:
+            jobs.append(((a.name, "string_builder", n),
+                         [sb, "--iters", str(n)], a, "string_builder"))
     log("instr: %d callgrind runs, %d at a time (%s)"
         % (len(jobs), args.jobs, ", ".join(a.name for a in allocs)))
 
@@ -166,29 +175,32 @@ def main():
                 errors[key[:2]] = str(e)
                 log("  %-10s %-10s n=%-8d FAILED: %s" % (key[0], key[1], key[2], e))
 
-    def per_op(name, bench, counts):
+    def per_op(name, bench, counts, ops_per_iter):
         """(total Ir per op, Ir per op in the benchmark program itself)."""
         k1, k2 = (name, bench, counts[0]), (name, bench, counts[1])
         if k1 not in ir or k2 not in ir:
             return None
-        d = float(counts[1] - counts[0])
+        d = float(counts[1] - counts[0]) * ops_per_iter
         return ((ir[k2][0] - ir[k1][0]) / d, (ir[k2][1] - ir[k1][1]) / d)
 
-    cols = [("pair%d/%d" % (s, k), pn, "pair %d B%s" % (s, ", page kept" if k else ""))
+    cols = [("pair%d/%d" % (s, k), pn, "pair %d B%s" % (s, ", page kept" if k else ""), 1)
             for s in sizes for k in keeps]
-    cols.append(("mixed", mi, "random_mixed %s" % args.preset))
-    table = {(a.name, c): per_op(a.name, c, n) for a in allocs for c, n, _ in cols}
+    cols.append(("mixed", mi, "random_mixed %s" % args.preset, 1))
+    # string_builder: one iteration = 4 mallocs and 4 frees.
+    cols.append(("string_builder", sbi, "string_builder", 8))
+    table = {(a.name, c): per_op(a.name, c, n, m) for a in allocs for c, n, _, m in cols}
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     L = ["# Instructions per operation (callgrind Ir) — %s" % stamp, ""]
     L.append("Difference of callgrind totals between two run lengths divided by the "
              "difference in operations (pair: N = %d, %d, one operation = one malloc+free "
-             "pair; random_mixed: iters = %d, %d, one operation = one malloc or one free). "
+             "pair; random_mixed: iters = %d, %d, one operation = one malloc or one free; "
+             "string_builder: iters = %d, %d, one operation = one malloc or one free). "
              "`harness` is the part spent in the benchmark program itself (loop, PRNG, "
              "PLT stubs), `allocator` the rest; ×mimalloc compares `allocator` "
              "(lower is better). \"page kept\": one other block of the size stays "
              "live, so the free never empties the page (the pure hit path)."
-             % (pn[0], pn[1], mi[0], mi[1]))
+             % (pn[0], pn[1], mi[0], mi[1], sbi[0], sbi[1]))
     L.append("")
     for n in notes:
         L.append("- note: %s" % n)
@@ -196,7 +208,7 @@ def main():
         L.append("")
     L.append("| benchmark | allocator | Ir/op | harness | allocator | ×mimalloc |")
     L.append("|---|---|---:|---:|---:|---:|")
-    for c, _, title in cols:
+    for c, _, title, _ in cols:
         ref = table.get(("mimalloc", c))
         for a in allocs:
             v = table[(a.name, c)]
