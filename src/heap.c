@@ -322,6 +322,12 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   pthread_mutex_unlock(&heaps_lock);
   if (from == NULL) return false;
   hak_segments_move(heap, from);
+  if (from->dirty_units != 0) { /* its free units not purged yet come along */
+    if (heap->dirty_units == 0 || (int32_t)(from->purge_due_ms - heap->purge_due_ms) < 0)
+      heap->purge_due_ms = from->purge_due_ms;
+    heap->dirty_units += from->dirty_units;
+    from->dirty_units = 0;
+  }
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     while (from->queue[c].first != NULL) {
       hak_page_t* page = from->queue[c].first;
