@@ -48,33 +48,8 @@ static void expect_enomem(void* p, int err, const char* what) {
     expect_enomem(r_, e_, #call);      \
   } while (0)
 
-/* A usable block: non-NULL, aligned, usable size >= n, all of it writable
- * (the pattern is written and read back). */
-static int check_block(void* p, size_t n, size_t align, const char* what) {
-  if (p == NULL) {
-    fprintf(stderr, "check failed: %s(size %zu, align %zu) returned NULL\n", what, n, align);
-    hak_test_failures++;
-    return 0;
-  }
-  int ok = 1;
-  if (!hak_is_aligned(p, align)) {
-    fprintf(stderr, "check failed: %s(size %zu): %p not aligned to %zu\n", what, n, p, align);
-    ok = 0;
-  }
-  size_t u = malloc_usable_size(p);
-  if (u < n) {
-    fprintf(stderr, "check failed: %s(size %zu): usable size %zu too small\n", what, n, u);
-    ok = 0;
-    u = n;
-  }
-  hak_pattern_fill(p, u, (uintptr_t)p ^ n);
-  if (hak_pattern_check(p, u, (uintptr_t)p ^ n) != u) {
-    fprintf(stderr, "check failed: %s(size %zu): block does not hold its content\n", what, n);
-    ok = 0;
-  }
-  if (!ok) hak_test_failures++;
-  return ok;
-}
+static size_t usable_size(void* p) { return malloc_usable_size(p); }
+#define check_block(p, n, align, what) hak_check_block(p, n, align, what, usable_size)
 
 static void test_symbols(void) {
   static const char* const syms[] = {

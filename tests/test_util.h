@@ -187,4 +187,36 @@ static inline int hak_static_symbol_ok(const char* sym) {
   } while (0)
 #endif
 
+#ifdef HAK_TEST_HARNESS_H
+/* A usable block: non-NULL, aligned, usable size (as the API under test
+ * reports it) >= n, all of it writable (the pattern is written and read back).
+ * Needs harness.h. */
+static inline int hak_check_block(void* p, size_t n, size_t align, const char* what,
+                                  size_t (*usable)(void*)) {
+  if (p == NULL) {
+    fprintf(stderr, "check failed: %s(size %zu, align %zu) returned NULL\n", what, n, align);
+    hak_test_failures++;
+    return 0;
+  }
+  int ok = 1;
+  if (!hak_is_aligned(p, align)) {
+    fprintf(stderr, "check failed: %s(size %zu): %p not aligned to %zu\n", what, n, p, align);
+    ok = 0;
+  }
+  size_t u = usable(p);
+  if (u < n) {
+    fprintf(stderr, "check failed: %s(size %zu): usable size %zu too small\n", what, n, u);
+    ok = 0;
+    u = n;
+  }
+  hak_pattern_fill(p, u, (uintptr_t)p ^ n);
+  if (hak_pattern_check(p, u, (uintptr_t)p ^ n) != u) {
+    fprintf(stderr, "check failed: %s(size %zu): block does not hold its content\n", what, n);
+    ok = 0;
+  }
+  if (!ok) hak_test_failures++;
+  return ok;
+}
+#endif
+
 #endif
