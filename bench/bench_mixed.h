@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct preset {
@@ -63,6 +64,32 @@ static inline uint64_t xorshift64s(uint64_t *state)
     s ^= s >> 27;
     *state = s;
     return s * 0x2545F4914F6CDD1DULL;
+}
+
+/* One random_mixed operation: r (a fresh random word) picks one of ws slots;
+ * a full slot is freed, an empty one gets a block of a size in
+ * [min, min + span) whose first and last byte are written.  who names the
+ * program in the message of a failed malloc. */
+static inline void mixed_op(void **slots, uint64_t r, uint64_t stamp, uint64_t ws, uint64_t min,
+                            uint64_t span, const char *who)
+{
+    const uint64_t idx = ((r >> 32) * ws) >> 32;
+    void *p = slots[idx];
+    if (p) {
+        free(p);
+        slots[idx] = NULL;
+    } else {
+        const size_t size = (size_t)(min + (((r & 0xFFFFFFFFULL) * span) >> 32));
+        unsigned char *q = malloc(size);
+        if (__builtin_expect(q == NULL, 0)) {
+            fprintf(stderr, "%s: malloc(%zu) failed\n", who, size);
+            exit(1);
+        }
+        q[0] = (unsigned char)stamp;
+        q[size - 1] = (unsigned char)idx;
+        BENCH_ESCAPE(q);
+        slots[idx] = q;
+    }
 }
 
 /* Uniform integer in [0, n) from 32 random bits (n < 2^32). */

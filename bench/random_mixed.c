@@ -66,30 +66,8 @@ static void run_ops(struct worker *w, const uint64_t iters)
     const uint64_t span = cfg.max - cfg.min + 1; /* < 2^32, checked */
     uint64_t s = w->rng;
 
-    for (uint64_t i = 0; i < iters; i++) {
-        /* xorshift64*: three shifts and one multiply. */
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        const uint64_t r = s * 0x2545F4914F6CDD1DULL;
-        const uint64_t idx = ((r >> 32) * ws) >> 32;
-        void *p = slots[idx];
-        if (p) {
-            free(p);
-            slots[idx] = NULL;
-        } else {
-            const size_t size = (size_t)(min + (((r & 0xFFFFFFFFULL) * span) >> 32));
-            unsigned char *q = malloc(size);
-            if (__builtin_expect(q == NULL, 0)) {
-                fprintf(stderr, "random_mixed: malloc(%zu) failed\n", size);
-                exit(1);
-            }
-            q[0] = (unsigned char)i;
-            q[size - 1] = (unsigned char)idx;
-            BENCH_ESCAPE(q);
-            slots[idx] = q;
-        }
-    }
+    for (uint64_t i = 0; i < iters; i++)
+        mixed_op(slots, xorshift64s(&s), i, ws, min, span, "random_mixed");
     w->rng = s;
 }
 

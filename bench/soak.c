@@ -49,26 +49,8 @@ static void *worker_main(void *arg)
     const uint64_t ws = cfg_ws, min = cfg_min, span = cfg_max - cfg_min + 1;
     uint64_t s = w->rng, done = 0;
     while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-        for (unsigned i = 0; i < CHUNK; i++) {
-            const uint64_t r = xorshift64s(&s);
-            const uint64_t idx = ((r >> 32) * ws) >> 32;
-            void *p = slots[idx];
-            if (p) {
-                free(p);
-                slots[idx] = NULL;
-            } else {
-                const size_t size = (size_t)(min + (((r & 0xFFFFFFFFULL) * span) >> 32));
-                unsigned char *q = malloc(size);
-                if (__builtin_expect(q == NULL, 0)) {
-                    fprintf(stderr, "soak: malloc(%zu) failed\n", size);
-                    exit(1);
-                }
-                q[0] = (unsigned char)i;
-                q[size - 1] = (unsigned char)idx;
-                BENCH_ESCAPE(q);
-                slots[idx] = q;
-            }
-        }
+        for (unsigned i = 0; i < CHUNK; i++)
+            mixed_op(slots, xorshift64s(&s), i, ws, min, span, "soak");
         done += CHUNK;
         atomic_store_explicit(&w->ops, done, memory_order_relaxed);
     }
