@@ -221,7 +221,9 @@ HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
 /* Whether p is the start of a block of page (false for a descriptor in no page). */
 HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
   uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)page->start);
-  return (uint64_t)off * page->div_magic < page->div_magic;
+  /* Relaxed atomic: a remote free reads it while the owner may move the page. */
+  uint64_t magic = __atomic_load_n(&page->div_magic, __ATOMIC_RELAXED);
+  return (uint64_t)off * magic < magic;
 }
 
 /* The start of the block holding p (p may point inside an aligned block). */
