@@ -104,6 +104,18 @@ static void* worker(void* arg) {
   return NULL;
 }
 
+static pthread_mutex_t late_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int late_allocated;
+
+static void* late_exiter(void* arg) {
+  void* p = h_malloc(100); /* this thread now has a hakmem heap */
+  h_free(p);
+  atomic_store(&late_allocated, 1);
+  pthread_mutex_lock(&late_lock); /* held by main until after dlclose */
+  pthread_mutex_unlock(&late_lock);
+  return NULL;
+}
+
 int main(int argc, char** argv) {
   REQUIRE(argc == 2);
   /* Not linked with hakmem: malloc is the system's before and after. */
@@ -169,5 +181,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%ld failed checks\n", atomic_load(&failures));
     hak_test_failures++;
   }
+
+  /* A thread that allocated through the library exits after the library was
+   * dlclose'd: its exit hook must still be there (the library stays loaded). */
+  pthread_mutex_lock(&late_lock);
+  pthread_t late;
+  REQUIRE(pthread_create(&late, NULL, late_exiter, NULL) == 0);
+  while (!atomic_load(&late_allocated)) usleep(1000);
+  CHECK(dlclose(h) == 0);
+  pthread_mutex_unlock(&late_lock);
+  REQUIRE(pthread_join(late, NULL) == 0);
   return hak_test_result("test_dlopen");
 }
