@@ -4,7 +4,6 @@
 
 uint32_t hak_class_size[HAK_CLASSES];
 uint8_t hak_class_units[HAK_CLASSES];
-uint8_t hak_direct_class[HAK_DIRECT_SLOTS];
 
 /* A page should hold at least this many blocks, so that mid-size classes do not
  * churn pages; the tail it cannot use should stay under 1/8 of the page. */
@@ -25,6 +24,4 @@ void hak_classes_init(void) {
     hak_class_units[c] = (uint8_t)units_for(size);
     hak_assert(hak_class_of(size) == c);
   }
-  for (unsigned s = 0; s < HAK_DIRECT_SLOTS; s++)
-    hak_direct_class[s] = (uint8_t)hak_class_of(s == 0 ? 1 : s * 16);
 }

@@ -29,7 +29,6 @@ __thread hak_heap_t* hak_tls_heap = &hak_heap_empty;
 static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 static hak_heap_t* abandoned_pool; /* heaps of exited threads still holding segments */
 static hak_heap_t* spare_pool;     /* heaps holding nothing */
-static hak_heap_t* all_heaps;
 static uint8_t* heap_chunk_next;   /* heap structures are carved from OS chunks */
 static uint8_t* heap_chunk_end;
 
@@ -216,8 +215,6 @@ static hak_heap_t* heap_new_locked(void) {
   }
   hak_heap_t* heap = (hak_heap_t*)heap_chunk_next;
   heap_chunk_next += size;
-  heap->all_next = all_heaps;
-  all_heaps = heap;
   hak_count(heaps, 1);
   return heap;
 }

@@ -132,7 +132,6 @@ struct hak_heap_s {
   hak_segment_t* full_segments;         /* segments without */
   hak_segment_t* spare;                 /* one empty segment kept for reuse */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
-  hak_heap_t* all_next;                 /* every heap ever made */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
   /* Written by other threads: kept on a line of its own. */
@@ -154,7 +153,6 @@ extern hak_heap_t hak_heap_dead;   /* a thread whose heap was abandoned at exit 
 extern hak_page_t hak_page_empty;  /* a page with no free block */
 extern uint32_t hak_class_size[HAK_CLASSES];
 extern uint8_t hak_class_units[HAK_CLASSES];
-extern uint8_t hak_direct_class[HAK_DIRECT_SLOTS];
 
 /* Segment map: one byte per 2 MiB of the 47-bit address space (64 MiB of
  * address space, of which only the pages covering hakmem's own segments are
