@@ -291,11 +291,8 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   /* An abandoned heap keeps little beyond what is live: its free units are
    * purged unless they are few (a thread that hands its blocks to the next,
    * as servers do, would otherwise fault the same pages in again). */
-  hak_heap_purge(heap, hak_now_ms(), heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
-  if (heap->spare != NULL) {
-    hak_segment_release(heap->spare);
-    heap->spare = NULL;
-  }
+  hak_heap_purge(heap, hak_now_ms(),
+                 hak_policy.purge_delay_ms >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
   hak_tls_heap = &hak_heap_dead;
   heap->kind = HAK_HEAP_EMPTY;
   heap->tid = 0; /* a later thread may get this thread's id */
@@ -347,4 +344,42 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   spare_pool = from;
   pthread_mutex_unlock(&heaps_lock);
   return true;
+}
+
+/* ---- trim ------------------------------------------------------------------ */
+
+/* Gives back at once everything that can be: the calling thread's empty pages
+ * and free units, those of exited threads' heaps and
+ * of the global heap, and the segment and huge caches.  Other live threads'
+ * free units are theirs to touch: they go on their own purge delay.  Returns
+ * whether any memory was given back. */
+bool hak_trim(void) {
+  size_t before = atomic_load_explicit(&hak_counters.purged_bytes, memory_order_relaxed) +
+                  atomic_load_explicit(&hak_counters.munmap_calls, memory_order_relaxed);
+  uint32_t now = hak_now_ms();
+  hak_heap_t* heap = hak_tls_heap;
+  if (heap->kind == HAK_HEAP_THREAD) {
+    if (hak_remote_pending(heap)) hak_remote_collect(heap);
+    for (unsigned c = 0; c < HAK_CLASSES; c++) {
+      hak_page_t* page = heap->current[c];
+      if (page == &hak_page_empty || page->used != 0) continue;
+      hak_queue_remove(&heap->queue[c], page);
+      hak_page_retire(heap, page);
+      hak_heap_set_current(heap, c);
+    }
+    hak_heap_flush_empty(heap);
+    hak_heap_purge(heap, now, true);
+  }
+  pthread_mutex_lock(&global_heap_lock);
+  hak_heap_purge(&hak_heap_global, now, true);
+  pthread_mutex_lock(&heaps_lock);
+  /* Pooled heaps are touched only under heaps_lock until a thread takes one. */
+  for (hak_heap_t* h = abandoned_pool; h != NULL; h = h->pool_next) hak_heap_purge(h, now, true);
+  pthread_mutex_unlock(&heaps_lock);
+  pthread_mutex_unlock(&global_heap_lock);
+  hak_segment_cache_purge(now, true);
+  hak_huge_cache_flush();
+  return atomic_load_explicit(&hak_counters.purged_bytes, memory_order_relaxed) +
+             atomic_load_explicit(&hak_counters.munmap_calls, memory_order_relaxed) !=
+         before;
 }

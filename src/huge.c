@@ -84,6 +84,21 @@ static int huge_cache_oldest(void) {
   return oldest;
 }
 
+/* Unmaps every cached mapping (malloc_trim). */
+void hak_huge_cache_flush(void) {
+  hak_segment_t* cached[HUGE_CACHE_SLOTS];
+  int n = 0;
+  pthread_mutex_lock(&huge_lock);
+  for (int i = 0; i < HUGE_CACHE_SLOTS; i++) {
+    if (huge_cache[i].seg == NULL) continue;
+    cached[n++] = huge_cache[i].seg;
+    huge_cache[i].seg = NULL;
+  }
+  huge_cache_bytes = 0;
+  pthread_mutex_unlock(&huge_lock);
+  for (int i = 0; i < n; i++) hak_os_unmap(cached[i], cached[i]->map_size);
+}
+
 /* Keeps a freed mapping, evicting the oldest if the cache is full. */
 static void huge_cache_put(hak_segment_t* seg) {
   if (seg->map_size > HUGE_CACHE_BYTES / 2) {
@@ -122,10 +137,18 @@ static size_t huge_offset(size_t align) {
   return HAK_SEG_SIZE;
 }
 
+/* Enters a huge block in the segment map (and the live counts), or takes it out. */
 static void huge_map(hak_segment_t* seg, bool on) {
   hak_segmap_set(seg, on ? HAK_MAP_SEGMENT : HAK_MAP_NONE);
   if (seg->huge_block == (uint8_t*)seg + HAK_SEG_SIZE)
     hak_segmap_set(seg->huge_block, on ? HAK_MAP_HUGE_ABOVE : HAK_MAP_NONE);
+  if (on) {
+    hak_count(huge_live, 1);
+    hak_count(huge_live_bytes, seg->map_size);
+  } else {
+    hak_uncount(huge_live, 1);
+    hak_uncount(huge_live_bytes, seg->map_size);
+  }
 }
 
 /* Fits a cached mapping to total bytes: trims the tail of a larger one, grows
@@ -178,6 +201,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
     errno = ENOMEM;
     return NULL;
   }
+  hak_os_thp(base, total);
   hak_segment_t* seg = (hak_segment_t*)base;
   seg->kind = HAK_SEG_HUGE;
   seg->map_size = total;
@@ -213,6 +237,10 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   if (total < old_total || hak_os_remap(base, old_total, total, NULL) != NULL) {
     if (total < old_total) hak_os_unmap(base + total, old_total - total);
     seg->map_size = total;
+    if (total > old_total)
+      hak_count(huge_live_bytes, total - old_total);
+    else
+      hak_uncount(huge_live_bytes, old_total - total);
     return p;
   }
   uint8_t* dest = hak_os_map_aligned(total, HAK_SEG_SIZE, 0);

@@ -22,8 +22,8 @@ static void thread_exit_hook(void* value) {
 
 /* The environment is read once, here, without allocating. */
 static void read_options(void) {
-  const char* s = getenv("HAKMEM_STATS");
-  if (s != NULL && s[0] != '\0' && strcmp(s, "0") != 0) stats_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+  hak_policy_init();
+  if (hak_policy.stats) stats_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
 }
 
 void hak_process_init(void) {

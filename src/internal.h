@@ -52,9 +52,8 @@ void hak_assert_fail(const char* expr, const char* file, int line);
 #define HAK_CLASS_LARGE 255                        /* single-block pages */
 /* Empty pages a heap keeps for reuse, in units (1 MiB). */
 #define HAK_EMPTY_UNITS_KEEP 16
-/* A free unit's memory is given back (madvise) once it has stayed free this
- * long: units reused sooner cost no system call and no page fault. */
-#define HAK_PURGE_DELAY_MS 100
+/* Free units a heap keeps backed at most, waiting for the purge delay (16 MiB). */
+#define HAK_DIRTY_UNITS_MAX 256
 /* Free units an exiting thread's heap may keep backed (512 KiB). */
 #define HAK_EXIT_DIRTY_UNITS_KEEP 8
 /* Above this a block gets a mapping of its own (a huge segment). */
@@ -70,6 +69,7 @@ typedef struct hak_block_s {
 
 typedef struct hak_heap_s hak_heap_t;
 typedef struct hak_segment_s hak_segment_t;
+typedef struct hak_usage_s hak_usage_t;
 
 /* A page descriptor: 64 bytes, one cache line, all the fast paths touch. */
 typedef struct hak_page_s {
@@ -130,7 +130,6 @@ struct hak_heap_s {
   uint32_t purge_due_ms;                /* when the oldest of them is due */
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
-  hak_segment_t* spare;                 /* one empty segment kept for reuse */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
@@ -144,6 +143,24 @@ enum { HAK_HEAP_EMPTY = 0, HAK_HEAP_DEAD = 1, HAK_HEAP_THREAD = 2, HAK_HEAP_GLOB
 _Static_assert(sizeof(hak_page_t) == 64, "page descriptors are 64 bytes");
 _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HDR_SIZE, "segment header fits its page");
 _Static_assert(offsetof(hak_segment_t, pages) == 64, "descriptors are cache-line aligned");
+
+/* ---- configuration (policy.c) ------------------------------------------- */
+
+/* The options, read once at start (docs/CONFIG.md).  Slow paths only. */
+enum { HAK_PURGE_DONTNEED = 0, HAK_PURGE_FREE = 1 };
+enum { HAK_THP_SYSTEM = 0, HAK_THP_ON = 1, HAK_THP_OFF = 2 };
+typedef struct hak_policy_s {
+  /* A free unit's memory is given back (madvise) once it has stayed free this
+   * long: units reused sooner cost no system call and no page fault.  0: at
+   * once; -1: never (only malloc_trim). */
+  int32_t purge_delay_ms;
+  int32_t purge_mode; /* HAK_PURGE_* */
+  int32_t thp;        /* HAK_THP_* */
+  int32_t stats;      /* print counters at exit */
+  int32_t verbose;    /* print the configuration at start */
+} hak_policy_t;
+extern hak_policy_t hak_policy;
+void hak_policy_init(void);
 
 /* ---- globals ------------------------------------------------------------ */
 
@@ -292,6 +309,7 @@ void* hak_os_map(size_t size);
 void* hak_os_map_aligned(size_t size, size_t align, size_t skew);
 void hak_os_unmap(void* p, size_t size);
 void hak_os_purge(void* p, size_t size);
+void hak_os_thp(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 uint32_t hak_now_ms(void);
 
@@ -309,6 +327,8 @@ void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n);
 void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n);
 void hak_segments_lock(void);
 void hak_segments_unlock(void);
+void hak_segment_cache_purge(uint32_t now_ms, bool all);
+void hak_segments_usage(hak_usage_t* usage);
 
 /* page.c */
 hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size);
@@ -320,6 +340,7 @@ void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
 void hak_segments_set_owner(hak_heap_t* heap);
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all);
+void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms);
 void hak_segments_fork_child(hak_heap_t* survivor);
 
 /* heap.c */
@@ -350,6 +371,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero);
 void hak_huge_lock(void);
 void hak_huge_unlock(void);
 void hak_huge_free(hak_segment_t* seg);
+void hak_huge_cache_flush(void);
 size_t hak_huge_usable(hak_segment_t* seg, const void* p);
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
 
@@ -365,9 +387,25 @@ typedef struct hak_counters_s {
   _Atomic size_t mmap_calls, munmap_calls, madvise_calls, mremap_calls;
   _Atomic size_t mapped_bytes, purged_bytes;
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
+  _Atomic size_t huge_live, huge_live_bytes; /* huge blocks out now, and their mappings */
 } hak_counters_t;
 extern hak_counters_t hak_counters;
 #define hak_count(field, n) atomic_fetch_add_explicit(&hak_counters.field, (n), memory_order_relaxed)
+#define hak_uncount(field, n) atomic_fetch_sub_explicit(&hak_counters.field, (n), memory_order_relaxed)
 void hak_stats_print_line(int fd);
+
+/* What hakmem holds now (mallinfo, malloc_stats): a snapshot taken while
+ * other threads may be allocating, so not exact under concurrency. */
+struct hak_usage_s {
+  size_t segments;        /* segments held by heaps */
+  size_t cached_segments; /* free segments kept for reuse */
+  size_t pages;           /* pages in those segments */
+  size_t in_use_bytes;    /* bytes of the blocks handed out in them */
+  size_t free_unit_bytes; /* bytes of their free units */
+  size_t huge_blocks;     /* huge blocks handed out */
+  size_t huge_bytes;      /* bytes mapped for them */
+};
+void hak_usage_get(hak_usage_t* usage);
+bool hak_trim(void);
 
 #endif

@@ -38,14 +38,28 @@ void* hak_os_map_aligned(size_t size, size_t align, size_t skew) {
   return p;
 }
 
-/* Gives the physical pages back; the range stays mapped and reads as zero. */
+/* Gives the physical pages back; the range stays mapped.  After
+ * MADV_DONTNEED it reads as zero at once; after MADV_FREE (HAKMEM_PURGE=free)
+ * the kernel takes the pages only when it needs memory, and until then they
+ * may keep their contents. */
 void hak_os_purge(void* p, size_t size) {
   if (size == 0) return;
   int saved = errno;
-  madvise(p, size, MADV_DONTNEED);
+  if (hak_policy.purge_mode != HAK_PURGE_FREE || madvise(p, size, MADV_FREE) != 0)
+    madvise(p, size, MADV_DONTNEED); /* also where the kernel lacks MADV_FREE */
   errno = saved;
   hak_count(madvise_calls, 1);
   hak_count(purged_bytes, size);
+}
+
+/* Applies HAKMEM_THP to a fresh mapping of segments or a huge block. */
+void hak_os_thp(void* p, size_t size) {
+  int advice = hak_policy.thp == HAK_THP_ON ? MADV_HUGEPAGE : hak_policy.thp == HAK_THP_OFF ? MADV_NOHUGEPAGE : 0;
+  if (advice == 0) return;
+  int saved = errno;
+  madvise(p, size, advice);
+  errno = saved;
+  hak_count(madvise_calls, 1);
 }
 
 /* Resizes a mapping: in place if fixed is NULL, else moved onto fixed (which

@@ -5,7 +5,10 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <malloc.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "internal.h"
 
@@ -57,6 +60,61 @@ HAK_API void* pvalloc(size_t size) {
 }
 
 HAK_API size_t malloc_usable_size(void* p) { return hak_usable(p); }
+
+/* ---- glibc's malloc inspection calls ------------------------------------- */
+
+/* Purges everything purgeable now; pad is ignored (nothing is kept at a heap top). */
+HAK_API int malloc_trim(size_t pad) { return hak_trim() ? 1 : 0; }
+
+/* Fields as glibc fills them: arena = bytes of the segments the heaps hold,
+ * ordblks = pages in them, uordblks = bytes of the blocks handed out there,
+ * fordblks = the rest of arena, hblks/hblkhd = huge blocks and their bytes. */
+HAK_API struct mallinfo2 mallinfo2(void) {
+  hak_usage_t u;
+  hak_usage_get(&u);
+  struct mallinfo2 mi = {0};
+  mi.arena = u.segments * HAK_SEG_SIZE;
+  mi.ordblks = u.pages;
+  mi.hblks = u.huge_blocks;
+  mi.hblkhd = u.huge_bytes;
+  mi.uordblks = u.in_use_bytes;
+  mi.fordblks = mi.arena > mi.uordblks ? mi.arena - mi.uordblks : 0;
+  return mi;
+}
+
+static int clamp_int(size_t v) { return v > INT_MAX ? INT_MAX : (int)v; }
+
+HAK_API struct mallinfo mallinfo(void) {
+  struct mallinfo2 m2 = mallinfo2();
+  struct mallinfo mi = {0};
+  mi.arena = clamp_int(m2.arena);
+  mi.ordblks = clamp_int(m2.ordblks);
+  mi.hblks = clamp_int(m2.hblks);
+  mi.hblkhd = clamp_int(m2.hblkhd);
+  mi.uordblks = clamp_int(m2.uordblks);
+  mi.fordblks = clamp_int(m2.fordblks);
+  return mi;
+}
+
+/* To stderr, like glibc's. */
+HAK_API void malloc_stats(void) {
+  hak_usage_t u;
+  hak_usage_get(&u);
+  char buf[640];
+  snprintf(buf, sizeof buf,
+           "hakmem:\n"
+           "segments held     = %10zu (%zu bytes)\n"
+           "segments cached   = %10zu\n"
+           "pages             = %10zu\n"
+           "in use bytes      = %10zu\n"
+           "free unit bytes   = %10zu\n"
+           "huge blocks       = %10zu (%zu bytes)\n"
+           "total in use      = %10zu\n",
+           u.segments, u.segments * HAK_SEG_SIZE, u.cached_segments, u.pages, u.in_use_bytes,
+           u.free_unit_bytes, u.huge_blocks, u.huge_bytes, u.in_use_bytes + u.huge_bytes);
+  hak_write_stderr(buf);
+  hak_stats_print_line(2);
+}
 HAK_API void free_sized(void* p, size_t size) { hak_free_inline(p); }
 HAK_API void free_aligned_sized(void* p, size_t align, size_t size) { hak_free_inline(p); }
 HAK_API void cfree(void* p) { hak_free_inline(p); }

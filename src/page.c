@@ -124,6 +124,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
   unsigned n = cls == HAK_CLASS_LARGE
                    ? (unsigned)((large_size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT)
                    : hak_class_units[cls];
+  hak_heap_purge_if_due(heap, hak_now_ms());
   hak_page_t* page = page_from_empty(heap, cls, n);
   if (page != NULL) return page;
   int idx = -1;
@@ -138,13 +139,8 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     seg = segment_with_units(heap, n, &idx);
   }
   if (seg == NULL) {
-    if (heap->spare == NULL) hak_heaps_collect_spare(heap);
-    if (heap->spare != NULL) {
-      seg = heap->spare;
-      heap->spare = NULL;
-    } else if ((seg = hak_segment_acquire(heap)) == NULL) {
-      return NULL;
-    }
+    hak_heaps_collect_spare(heap);
+    if ((seg = hak_segment_acquire(heap)) == NULL) return NULL;
     seg_push(&heap->segments, seg);
     idx = 1;
   }
@@ -164,8 +160,8 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
   return page;
 }
 
-/* An empty page gives its units back to its segment; an empty segment is kept
- * as the heap's spare or returned to the segment cache. */
+/* An empty page gives its units back to its segment; an empty segment goes
+ * back to the segment cache. */
 void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
   hak_assert(page->used == 0);
   hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
@@ -176,39 +172,50 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
   uint32_t now = hak_now_ms();
   seg->dirty_units |= (uint32_t)((((uint64_t)1 << n) - 1) << idx);
   for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = now;
-  if (heap->dirty_units == 0) heap->purge_due_ms = now + HAK_PURGE_DELAY_MS;
+  if (heap->dirty_units == 0) heap->purge_due_ms = now + (uint32_t)hak_policy.purge_delay_ms;
   heap->dirty_units += n;
   if (was_full) {
     seg_remove(&heap->full_segments, seg);
     seg_push(&heap->segments, seg);
   }
   if (seg->free_units == HAK_SEG_ALL_FREE) {
-    /* Leaving the heap: its backed units are the spare's or the cache's. */
+    /* Leaving the heap: the cache purges it in its turn. */
     heap->dirty_units -= (size_t)__builtin_popcount(seg->dirty_units);
     seg->dirty_units = 0;
     seg_remove(&heap->segments, seg);
-    if (heap->spare == NULL) {
-      heap->spare = seg;
-    } else {
-      hak_segment_release(seg);
-    }
+    hak_segment_release(seg);
   }
-  if (heap->dirty_units != 0 && (int32_t)(now - heap->purge_due_ms) >= 0)
-    hak_heap_purge(heap, now, false);
+  hak_heap_purge_if_due(heap, now);
+}
+
+/* The purge check of the page-level events (a page retired or made): the
+ * free units that have waited the delay, or all of them once there are more
+ * than HAK_DIRTY_UNITS_MAX (the delay is only checked on these events, so
+ * this bounds what a thread that stops making pages keeps backed). */
+void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
+  if (heap->dirty_units != 0 && hak_policy.purge_delay_ms >= 0) {
+    if (heap->dirty_units > HAK_DIRTY_UNITS_MAX)
+      hak_heap_purge(heap, now_ms, true);
+    else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
+      hak_heap_purge(heap, now_ms, false);
+  }
+  hak_segment_cache_purge(now_ms, false);
 }
 
 /* Gives back the memory of the free units of the heap's segments that have
- * stayed free for HAK_PURGE_DELAY_MS (all of them if all), one madvise per run
+ * stayed free for the purge delay (all of them if all), one madvise per run
  * of units, and notes when the next is due. */
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
   size_t left = 0;
-  uint32_t due = now_ms + HAK_PURGE_DELAY_MS;
+  int32_t delay = hak_policy.purge_delay_ms;
+  all = all || delay == 0;
+  uint32_t due = now_ms + (uint32_t)delay;
   for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
     uint32_t old = 0;
     for (uint32_t dirty = seg->dirty_units; dirty != 0; dirty &= dirty - 1) {
       unsigned u = (unsigned)__builtin_ctz(dirty);
-      uint32_t unit_due = seg->unit_freed_ms[u] + HAK_PURGE_DELAY_MS;
-      if (all || (int32_t)(now_ms - unit_due) >= 0) {
+      uint32_t unit_due = seg->unit_freed_ms[u] + (uint32_t)delay;
+      if (all || (delay > 0 && (int32_t)(now_ms - unit_due) >= 0)) {
         old |= 1u << u;
       } else {
         left++;
@@ -245,8 +252,8 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
 
 /* Stamps the heap's owner thread (heap->tid, 0 for none) on its segments. */
 void hak_segments_set_owner(hak_heap_t* heap) {
-  hak_segment_t* lists[3] = {heap->segments, heap->full_segments, heap->spare};
-  for (int l = 0; l < 3; l++)
-    for (hak_segment_t* seg = lists[l]; seg != NULL; seg = l == 2 ? NULL : seg->next)
+  hak_segment_t* lists[2] = {heap->segments, heap->full_segments};
+  for (int l = 0; l < 2; l++)
+    for (hak_segment_t* seg = lists[l]; seg != NULL; seg = seg->next)
       atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_release);
 }

@@ -1,7 +1,8 @@
 /* Segments: 2 MiB-aligned units of memory, the segment map that tells which
  * addresses hakmem owns, the arena they are carved from, and the cache of free
- * segments.  Free segments are kept (purged beyond a few) rather than unmapped,
- * so a steady workload maps nothing new. */
+ * segments.  Free segments are kept rather than unmapped, so a steady workload
+ * maps nothing new; their memory is given back once they have stayed free for
+ * the purge delay (at once beyond a few), and the address space is kept. */
 #include <pthread.h>
 #include <string.h>
 
@@ -16,12 +17,17 @@ void hak_segmap_set(const void* at, unsigned value) {
 
 /* Segments are carved from arena chunks reserved many at a time. */
 #define HAK_ARENA_CHUNK (32 * HAK_SEG_SIZE)
-/* Free segments kept without purging; the rest are purged when cached. */
-#define HAK_SEGMENT_DIRTY_KEEP 2
+/* Free segments kept backed (until the purge delay has passed); beyond this
+ * they are purged as they are cached. */
+#define HAK_SEGMENT_DIRTY_KEEP 4
 
 static pthread_mutex_t segment_lock = PTHREAD_MUTEX_INITIALIZER;
-static hak_segment_t* cache_dirty;   /* free segments whose memory is still backed */
-static size_t cache_dirty_count;
+/* Free segments whose memory is still backed, newest first; each one's
+ * unit_freed_ms[0] (unit 0 is the header, never a free unit) says when it
+ * was cached. */
+static hak_segment_t* cache_dirty;
+static _Atomic size_t cache_dirty_count; /* read unlocked */
+static _Atomic uint32_t cache_dirty_due_ms; /* when the oldest is due; read unlocked */
 static hak_segment_t* cache_clean;   /* free segments purged (they read as zero) */
 static uint8_t* arena_next;          /* next uncarved segment of the chunk */
 static uint8_t* arena_end;
@@ -65,6 +71,7 @@ static hak_segment_t* segment_from_os(void) {
       size = HAK_SEG_SIZE;
       if (chunk == NULL) return NULL;
     }
+    hak_os_thp(chunk, size);
     arena_next = chunk;
     arena_end = chunk + size;
   }
@@ -88,7 +95,8 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   }
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
-  if (dirty) memset(seg->pages, 0, sizeof seg->pages);
+  /* A purged header reads as zero only after MADV_DONTNEED, not MADV_FREE. */
+  if (dirty || hak_policy.purge_mode != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
   seg->kind = HAK_SEG_NORMAL;
   seg->free_units = HAK_SEG_ALL_FREE;
   seg->dirty_units = 0;
@@ -102,24 +110,97 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   return seg;
 }
 
+static bool purge_due(uint32_t freed_ms, uint32_t now_ms) {
+  return hak_policy.purge_delay_ms >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)hak_policy.purge_delay_ms) >= 0;
+}
+
+static void cache_clean_push(hak_segment_t* seg) {
+  hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
+  pthread_mutex_lock(&segment_lock);
+  seg->next = cache_clean;
+  cache_clean = seg;
+  pthread_mutex_unlock(&segment_lock);
+}
+
+/* Purges the cached backed segments that are due (all of them if all), and
+ * beyond HAK_SEGMENT_DIRTY_KEEP the oldest whatever their age, unless purging
+ * is off.  Cheap when nothing is due: one unlocked load. */
+void hak_segment_cache_purge(uint32_t now_ms, bool all) {
+  if (!all && !purge_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms) &&
+      atomic_load_explicit(&cache_dirty_count, memory_order_relaxed) <= HAK_SEGMENT_DIRTY_KEEP)
+    return;
+  hak_segment_t* purge = NULL;
+  pthread_mutex_lock(&segment_lock);
+  size_t kept = 0;
+  for (hak_segment_t **link = &cache_dirty, *seg; (seg = *link) != NULL;) {
+    bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && hak_policy.purge_delay_ms >= 0;
+    if (all || over || purge_due(seg->unit_freed_ms[0], now_ms)) {
+      *link = seg->next;
+      seg->next = purge;
+      purge = seg;
+      cache_dirty_count--;
+    } else {
+      if (kept == 0 || (int32_t)(seg->unit_freed_ms[0] - atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed)) < 0)
+        atomic_store_explicit(&cache_dirty_due_ms, seg->unit_freed_ms[0], memory_order_relaxed);
+      kept++;
+      link = &seg->next;
+    }
+  }
+  pthread_mutex_unlock(&segment_lock);
+  while (purge != NULL) {
+    hak_segment_t* next = purge->next;
+    cache_clean_push(purge);
+    purge = next;
+  }
+}
+
 void hak_segment_release(hak_segment_t* seg) {
   hak_assert(seg->free_units == HAK_SEG_ALL_FREE);
   hak_segmap_set(seg, HAK_MAP_NONE);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
   atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
-  pthread_mutex_lock(&segment_lock);
-  if (cache_dirty_count < HAK_SEGMENT_DIRTY_KEEP) {
-    seg->next = cache_dirty;
-    cache_dirty = seg;
-    cache_dirty_count++;
-    pthread_mutex_unlock(&segment_lock);
+  uint32_t now = hak_now_ms();
+  if (hak_policy.purge_delay_ms == 0) {
+    cache_clean_push(seg);
     return;
   }
-  pthread_mutex_unlock(&segment_lock);
-  hak_os_purge(seg, HAK_SEG_SIZE); /* the header too: it reads back as zero */
+  seg->unit_freed_ms[0] = now;
   pthread_mutex_lock(&segment_lock);
-  seg->next = cache_clean;
-  cache_clean = seg;
+  if (cache_dirty == NULL) atomic_store_explicit(&cache_dirty_due_ms, now, memory_order_relaxed);
+  seg->next = cache_dirty;
+  cache_dirty = seg;
+  cache_dirty_count++;
+  pthread_mutex_unlock(&segment_lock);
+  hak_segment_cache_purge(now, false);
+}
+
+/* Adds what the heaps' segments hold to usage, walking every segment ever
+ * carved.  Other threads may be changing the descriptors it reads: the
+ * figures are a snapshot. */
+void hak_segments_usage(hak_usage_t* usage) {
+  pthread_mutex_lock(&segment_lock);
+  for (size_t i = 0; i < registry_count; i++) {
+    hak_segment_t* seg = registry[i];
+    if (hak_segment_heap(seg) == NULL) {
+      usage->cached_segments++;
+      continue;
+    }
+    usage->segments++;
+    usage->free_unit_bytes +=
+        (size_t)__builtin_popcount(__atomic_load_n(&seg->free_units, __ATOMIC_RELAXED)) << HAK_UNIT_SHIFT;
+    for (unsigned u = 1; u < HAK_UNITS;) {
+      hak_page_t* page = &seg->pages[u];
+      unsigned units = __atomic_load_n(&page->units, __ATOMIC_RELAXED);
+      if (units == 0) {
+        u++;
+        continue;
+      }
+      usage->pages++;
+      usage->in_use_bytes += (size_t)__atomic_load_n(&page->used, __ATOMIC_RELAXED) *
+                             __atomic_load_n(&page->block_size, __ATOMIC_RELAXED);
+      u += units;
+    }
+  }
   pthread_mutex_unlock(&segment_lock);
 }
 

@@ -17,3 +17,10 @@ void hak_stats_print_line(int fd) {
 #undef C
   hak_write_fd(fd, buf);
 }
+
+void hak_usage_get(hak_usage_t* usage) {
+  *usage = (hak_usage_t){0};
+  hak_segments_usage(usage);
+  usage->huge_blocks = atomic_load_explicit(&hak_counters.huge_live, memory_order_relaxed);
+  usage->huge_bytes = atomic_load_explicit(&hak_counters.huge_live_bytes, memory_order_relaxed);
+}

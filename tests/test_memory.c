@@ -1,0 +1,291 @@
+/* test_memory: hakmem gives memory back, and only what is free.
+ *
+ * Each mechanism of the memory layer, watched through its counters, RSS and
+ * mallinfo2: free units purged once the purge delay has passed (and not
+ * before), at once with HAKMEM_PURGE_DELAY_MS=0 and never with -1; live
+ * blocks intact through all of it; empty pages of one class reused by
+ * another before anything new is mapped; free segments reused; huge blocks
+ * cached (no mmap per cycle) and unmapped after their time; malloc_trim(0)
+ * giving everything back at once; mallinfo2 within 5% of the live bytes;
+ * HAKMEM_THP marking segments; bad HAKMEM_* variables warned about.
+ *
+ * Linked with build/libhakmem.a (malloc is hakmem's, and the counters in
+ * src/internal.h are reachable).  ctest runs it with several
+ * HAKMEM_PURGE_DELAY_MS values; it reads the one in effect from the policy. */
+#define _GNU_SOURCE
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "internal.h"
+#include "test_util.h"
+
+#define C(f) atomic_load_explicit(&hak_counters.f, memory_order_relaxed)
+#define MIB ((size_t)1 << 20)
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+/* Live blocks of every kind (small, mid, large, huge), each with a pattern. */
+enum { LIVE = 64 };
+static void* live[LIVE];
+static size_t live_size[LIVE];
+
+static void live_make(void) {
+  hak_rng r;
+  hak_rng_seed(&r, 7);
+  for (int i = 0; i < LIVE; i++) {
+    size_t n = i % 4 == 0 ? hak_rng_range(&r, 16, 1024)
+             : i % 4 == 1 ? hak_rng_range(&r, 1025, 128 * 1024)
+             : i % 4 == 2 ? hak_rng_range(&r, 128 * 1024 + 1, MIB)
+                          : hak_rng_range(&r, MIB + 1, 3 * MIB);
+    live[i] = malloc(n);
+    REQUIRE(live[i] != NULL);
+    live_size[i] = n;
+    hak_pattern_fill(live[i], n, (uintptr_t)live[i]);
+  }
+}
+
+static int live_intact(void) {
+  for (int i = 0; i < LIVE; i++)
+    if (hak_pattern_check(live[i], live_size[i], (uintptr_t)live[i]) != live_size[i]) return 0;
+  return 1;
+}
+
+/* Fills `bytes` with blocks of `size` (written, so resident), into out. */
+static size_t fill(void** out, size_t max, size_t size, size_t bytes) {
+  size_t n = bytes / size;
+  REQUIRE(n <= max);
+  for (size_t i = 0; i < n; i++) {
+    out[i] = malloc(size);
+    REQUIRE(out[i] != NULL);
+    memset(out[i], 0x5a, size);
+  }
+  return n;
+}
+
+static void free_all(void** blocks, size_t n) {
+  for (size_t i = 0; i < n; i++) free(blocks[i]);
+}
+
+enum { MAXB = 1 << 16 };
+static void* blocks[MAXB];
+
+/* A page-level event (a page made): the purge delay is checked on these. */
+static void page_event(void) {
+  static size_t size = 96 * 1024;
+  void* p[4];
+  for (int i = 0; i < 4; i++) p[i] = malloc(size);
+  for (int i = 0; i < 4; i++) free(p[i]);
+  size += 8 * 1024;
+}
+
+/* 24 MiB of 16 KiB blocks freed: what is purged at once, after the delay,
+ * and never, depending on HAKMEM_PURGE_DELAY_MS; live blocks stay intact. */
+static void test_purge_delay(void) {
+  int delay = hak_policy.purge_delay_ms;
+  size_t n = fill(blocks, MAXB, 16 * 1024, 24 * MIB);
+  size_t purged0 = C(purged_bytes);
+  uint32_t freed_ms = hak_now_ms();
+  free_all(blocks, n);
+  size_t at_once = C(purged_bytes) - purged0;
+  if (delay == 0) CHECK(at_once >= 20 * MIB);
+  if (delay < 0) CHECK(at_once == 0);
+  if (delay > 0) {
+    /* Beyond the 16 MiB a heap may keep, purged at once; the rest waits. */
+    CHECK(at_once >= 4 * MIB);
+    CHECK(at_once < 24 * MIB);
+    page_event();
+    if (hak_now_ms() - freed_ms < (uint32_t)delay / 2) /* (unless this machine stalled) */
+      CHECK(C(purged_bytes) - purged0 - at_once < 2 * MIB); /* not yet due */
+    sleep_ms(delay + 30);
+    page_event();
+    CHECK(C(purged_bytes) - purged0 >= 20 * MIB);
+  }
+  CHECK(live_intact());
+}
+
+/* Empty pages of one class serve another, and free segments are reused:
+ * the second and third rounds map nothing. */
+static void test_reuse(void) {
+  size_t n = fill(blocks, MAXB, 3000, 16 * MIB);
+  free_all(blocks, n);
+  size_t mmaps = C(mmap_calls);
+  n = fill(blocks, MAXB, 5000, 16 * MIB); /* another class, same bytes */
+  free_all(blocks, n);
+  n = fill(blocks, MAXB, 700, 16 * MIB);
+  free_all(blocks, n);
+  CHECK(C(mmap_calls) == mmaps);
+  CHECK(live_intact());
+}
+
+/* An 8 MiB buffer allocated and freed in a loop maps once; the cached
+ * mapping is unmapped once it has aged (1 s), and by malloc_trim. */
+static void test_huge_cache(void) {
+  size_t mmaps = C(mmap_calls), munmaps = C(munmap_calls);
+  for (int i = 0; i < 200; i++) {
+    char* p = malloc(8 * MIB);
+    REQUIRE(p != NULL);
+    p[0] = p[8 * MIB - 1] = (char)i;
+    hak_escape(p);
+    free(p);
+  }
+  CHECK(C(mmap_calls) - mmaps <= 1);
+  CHECK(C(munmap_calls) - munmaps <= 2);
+  munmaps = C(munmap_calls);
+  sleep_ms(1100);
+  void* q = malloc(2 * MIB); /* a huge allocation looks at the cache */
+  CHECK(C(munmap_calls) > munmaps);
+  free(q);
+  munmaps = C(munmap_calls);
+  CHECK(malloc_trim(0) == 1);
+  CHECK(C(munmap_calls) > munmaps);
+  CHECK(live_intact());
+}
+
+/* malloc_trim(0) gives back everything free at once (whatever the delay).
+ * RSS shows it with MADV_DONTNEED on small pages; MADV_FREE leaves the pages
+ * counted until the kernel needs them, and a huge page partly given back
+ * stays whole until the kernel splits it. */
+static void test_trim(void) {
+  bool rss_exact = hak_policy.purge_mode == HAK_PURGE_DONTNEED && hak_policy.thp != HAK_THP_ON;
+  malloc_trim(0);
+  size_t base = hak_rss_bytes();
+  size_t purged0 = C(purged_bytes);
+  size_t n = fill(blocks, MAXB, 1000, 48 * MIB);
+  size_t peak = hak_rss_bytes();
+  if (rss_exact) CHECK(peak >= base + 40 * MIB);
+  free_all(blocks, n);
+  CHECK(malloc_trim(0) == 1);
+  CHECK(C(purged_bytes) - purged0 >= 46 * MIB);
+  size_t after = hak_rss_bytes();
+  if (rss_exact) CHECK(after < base + 2 * MIB);
+  if (rss_exact && after >= base + 2 * MIB)
+    fprintf(stderr, "rss: base %zu KiB, peak %zu KiB, after trim %zu KiB\n", base >> 10, peak >> 10,
+            after >> 10);
+  CHECK(live_intact());
+}
+
+/* mallinfo2's bytes in use follow the live bytes, within 5%. */
+static void test_mallinfo(void) {
+  struct mallinfo2 before = mallinfo2();
+  size_t live0 = before.uordblks + before.hblkhd;
+  hak_rng r;
+  hak_rng_seed(&r, 11);
+  size_t bytes = 0, n = 0;
+  while (bytes < 64 * MIB && n < MAXB) {
+    unsigned kind = (unsigned)(hak_rng_next(&r) % 100);
+    size_t size = kind < 60 ? hak_rng_range(&r, 1, 1024)
+                : kind < 95 ? hak_rng_range(&r, 1025, 64 * 1024)
+                            : hak_rng_range(&r, 64 * 1024 + 1, 4 * MIB);
+    blocks[n] = malloc(size);
+    REQUIRE(blocks[n] != NULL);
+    bytes += size;
+    n++;
+  }
+  struct mallinfo2 mi = mallinfo2();
+  size_t reported = mi.uordblks + mi.hblkhd - live0;
+  double ratio = (double)reported / (double)bytes;
+  if (ratio < 1.0 || ratio > 1.05) fprintf(stderr, "mallinfo2: %zu bytes live, %zu reported\n", bytes, reported);
+  CHECK(ratio >= 1.0 && ratio <= 1.05);
+  CHECK(mi.arena >= mi.uordblks);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  struct mallinfo old = mallinfo(); /* the old interface, still used */
+#pragma GCC diagnostic pop
+  CHECK(old.uordblks > 0 && (size_t)old.uordblks <= mi.uordblks);
+  free_all(blocks, n);
+  mi = mallinfo2();
+  CHECK(mi.uordblks + mi.hblkhd <= live0 + 64 * 1024);
+}
+
+/* The mapping holding p has the THP flag HAKMEM_THP asks for. */
+static void test_thp(void) {
+  char* p = malloc(100);
+  FILE* f = fopen("/proc/self/smaps", "r");
+  REQUIRE(f != NULL);
+  char line[512];
+  int in_mapping = 0, hg = -1, nh = -1;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      in_mapping = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+    } else if (in_mapping && strncmp(line, "VmFlags:", 8) == 0) {
+      hg = strstr(line, " hg") != NULL;
+      nh = strstr(line, " nh") != NULL;
+    }
+  }
+  fclose(f);
+  free(p);
+  CHECK(hg >= 0);
+  if (hak_policy.thp == HAK_THP_ON) CHECK(hg == 1 && nh == 0);
+  if (hak_policy.thp == HAK_THP_OFF) CHECK(nh == 1 && hg == 0);
+  if (hak_policy.thp == HAK_THP_SYSTEM) CHECK(hg == 0 && nh == 0);
+}
+
+/* Runs this program with extra environment and returns its stdout+stderr. */
+static void run_self(const char* env1, const char* env2, char* out, size_t cap) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    putenv((char*)env1);
+    putenv((char*)env2);
+    execl("/proc/self/exe", "test_memory", "--print-policy", (char*)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  size_t len = 0;
+  ssize_t got;
+  while (len + 1 < cap && (got = read(fds[0], out + len, cap - 1 - len)) > 0) len += (size_t)got;
+  out[len] = '\0';
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void test_option_warnings(void) {
+  char out[4096];
+  run_self("HAKMEM_NO_SUCH_OPTION=1", "HAKMEM_PURGE_DELAY_MS=soon", out, sizeof out);
+  CHECK(strstr(out, "hakmem: unknown option: HAKMEM_NO_SUCH_OPTION=1") != NULL);
+  CHECK(strstr(out, "hakmem: invalid value: HAKMEM_PURGE_DELAY_MS=soon") != NULL);
+  CHECK(strstr(out, "purge_delay_ms=100 ") != NULL); /* the default kept */
+  run_self("HAKMEM_PURGE=free", "HAKMEM_THP=off", out, sizeof out);
+  CHECK(strstr(out, "purge_mode=1 thp=2") != NULL);
+  CHECK(strstr(out, "hakmem:") == NULL);
+  run_self("HAKMEM_PURGE_DELAY_MS=-2", "HAKMEM_VERBOSE=1", out, sizeof out);
+  CHECK(strstr(out, "invalid value: HAKMEM_PURGE_DELAY_MS=-2") != NULL);
+  CHECK(strstr(out, "hakmem: HAKMEM_PURGE_DELAY_MS=100\n") != NULL); /* VERBOSE's listing */
+}
+
+int main(int argc, char** argv) {
+  free(malloc(1)); /* start-up (reads the options) */
+  if (argc > 1 && strcmp(argv[1], "--print-policy") == 0) {
+    printf("purge_delay_ms=%d purge_mode=%d thp=%d\n", hak_policy.purge_delay_ms, hak_policy.purge_mode,
+           hak_policy.thp);
+    return 0;
+  }
+  live_make();
+  test_purge_delay();
+  test_reuse();
+  test_huge_cache();
+  test_trim();
+  test_mallinfo();
+  test_thp();
+  if (hak_policy.purge_delay_ms == 100 && hak_policy.thp == HAK_THP_SYSTEM) test_option_warnings();
+  for (int i = 0; i < LIVE; i++) free(live[i]);
+  return hak_test_result("test_memory");
+}
