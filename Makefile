@@ -71,6 +71,14 @@ bench-quick: release
 	bash scripts/install-deps.sh bench
 	python3 bench/compare.py --quick
 
+# Memory: RSS after a 1 GiB phase is freed (and after malloc_trim), and the
+# system calls of a long random_mixed run against a short one (strace); about
+# 2 minutes.  MEMORY_ARGS adds flags, e.g. MEMORY_ARGS="--only-rss --runs 5".
+.PHONY: bench-memory
+bench-memory: release
+	bash scripts/install-deps.sh bench
+	python3 bench/memory.py $(MEMORY_ARGS)
+
 # random_mixed under hakmem for DURATION seconds (default 600), RSS and
 # throughput sampled every second; not part of `make bench`.  SOAK_ARGS adds
 # flags, e.g. SOAK_ARGS="--only hakmem,mimalloc --preset mixed-8k".

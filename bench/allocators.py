@@ -15,7 +15,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 PROGRAMS = ("random_mixed", "string_builder", "pair", "larson", "xthread", "realloc_growth",
-            "big", "soak")
+            "big", "soak", "rss_phase")
 
 
 class Allocator:
