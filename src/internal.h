@@ -161,6 +161,7 @@ typedef struct hak_policy_s {
 } hak_policy_t;
 extern hak_policy_t hak_policy;
 void hak_policy_init(void);
+void hak_policy_print_table(int fd);
 
 /* ---- globals ------------------------------------------------------------ */
 

@@ -10,18 +10,14 @@
 
 extern char** environ;
 
-hak_policy_t hak_policy = {
-    .purge_delay_ms = 100,
-    .purge_mode = HAK_PURGE_DONTNEED,
-    .thp = HAK_THP_SYSTEM,
-};
+hak_policy_t hak_policy;
 
 /* An option: HAKMEM_<name>, an integer in [min, max] or one of its names
  * (names[i] stands for min + i). */
 typedef struct hak_option_s {
   const char* name;
   int32_t* field;
-  int32_t min, max;
+  int32_t def, min, max;
   const char* const* names;
   const char* description;
 } hak_option_t;
@@ -31,14 +27,17 @@ static const char* const thp_names[] = {"system", "on", "off", NULL};
 static const char* const bool_names[] = {"off", "on", NULL};
 
 static const hak_option_t options[] = {
-    {"PURGE_DELAY_MS", &hak_policy.purge_delay_ms, -1, 3600000, NULL,
-     "ms a free 64 KiB unit stays backed before it is given back; 0 at once, -1 never (malloc_trim still does)"},
-    {"PURGE", &hak_policy.purge_mode, 0, 1, purge_names,
-     "how memory is given back: dontneed (RSS falls at once) or free (MADV_FREE: the kernel takes it when it needs it)"},
-    {"THP", &hak_policy.thp, 0, 2, thp_names,
-     "transparent huge pages for segments: system (leave the kernel's setting), on (MADV_HUGEPAGE), off (MADV_NOHUGEPAGE)"},
-    {"STATS", &hak_policy.stats, 0, 1, bool_names, "print a line of counters on stderr at exit"},
-    {"VERBOSE", &hak_policy.verbose, 0, 1, bool_names, "print the effective configuration on stderr at start"},
+    {"PURGE_DELAY_MS", &hak_policy.purge_delay_ms, 100, -1, 3600000, NULL,
+     "milliseconds a free 64 KiB unit stays backed before its memory is given back; 0: at once; "
+     "-1: never (malloc_trim still does)"},
+    {"PURGE", &hak_policy.purge_mode, HAK_PURGE_DONTNEED, 0, 1, purge_names,
+     "how memory is given back: dontneed (MADV_DONTNEED: RSS falls at once) or free (MADV_FREE: "
+     "the kernel takes the pages when it needs memory)"},
+    {"THP", &hak_policy.thp, HAK_THP_SYSTEM, 0, 2, thp_names,
+     "transparent huge pages for segments and huge blocks: system (the kernel's setting), "
+     "on (MADV_HUGEPAGE), off (MADV_NOHUGEPAGE)"},
+    {"STATS", &hak_policy.stats, 0, 0, 1, bool_names, "print a line of counters on stderr at exit"},
+    {"VERBOSE", &hak_policy.verbose, 0, 0, 1, bool_names, "print the effective configuration on stderr at start"},
 };
 #define OPTION_COUNT (sizeof options / sizeof options[0])
 
@@ -65,20 +64,43 @@ static bool option_parse(const hak_option_t* opt, const char* value, int32_t* ou
   return true;
 }
 
+/* An option's value as it is written: its name if it has names. */
+static void format_value(const hak_option_t* opt, int32_t v, char* out, size_t cap) {
+  if (opt->names != NULL)
+    snprintf(out, cap, "%s", opt->names[v - opt->min]);
+  else
+    snprintf(out, cap, "%d", (int)v);
+}
+
 static void print_policy(void) {
-  char buf[256];
+  char buf[256], value[32];
   for (size_t i = 0; i < OPTION_COUNT; i++) {
-    const hak_option_t* opt = &options[i];
-    int32_t v = *opt->field;
-    if (opt->names != NULL)
-      snprintf(buf, sizeof buf, "hakmem: HAKMEM_%s=%s\n", opt->name, opt->names[v - opt->min]);
-    else
-      snprintf(buf, sizeof buf, "hakmem: HAKMEM_%s=%d\n", opt->name, (int)v);
+    format_value(&options[i], *options[i].field, value, sizeof value);
+    snprintf(buf, sizeof buf, "hakmem: HAKMEM_%s=%s\n", options[i].name, value);
     hak_write_stderr(buf);
   }
 }
 
+/* The table as Markdown rows (docs/CONFIG.md is checked against them). */
+void hak_policy_print_table(int fd) {
+  char buf[512], def[32], range[96];
+  for (size_t i = 0; i < OPTION_COUNT; i++) {
+    const hak_option_t* opt = &options[i];
+    format_value(opt, opt->def, def, sizeof def);
+    if (opt->names != NULL) {
+      size_t len = 0;
+      for (int k = 0; opt->names[k] != NULL && len < sizeof range - 16; k++)
+        len += (size_t)snprintf(range + len, sizeof range - len, "%s%s", k ? ", " : "", opt->names[k]);
+    } else {
+      snprintf(range, sizeof range, "%d to %d", (int)opt->min, (int)opt->max);
+    }
+    snprintf(buf, sizeof buf, "| `HAKMEM_%s` | `%s` | %s | %s |\n", opt->name, def, range, opt->description);
+    hak_write_fd(fd, buf);
+  }
+}
+
 void hak_policy_init(void) {
+  for (size_t i = 0; i < OPTION_COUNT; i++) *options[i].field = options[i].def;
   if (environ == NULL) return;
   for (char** env = environ; *env != NULL; env++) {
     const char* var = *env;

@@ -273,6 +273,10 @@ static void test_option_warnings(void) {
 
 int main(int argc, char** argv) {
   free(malloc(1)); /* start-up (reads the options) */
+  if (argc > 1 && strcmp(argv[1], "--print-options") == 0) {
+    hak_policy_print_table(1);
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "--print-policy") == 0) {
     printf("purge_delay_ms=%d purge_mode=%d thp=%d\n", hak_policy.purge_delay_ms, hak_policy.purge_mode,
            hak_policy.thp);
