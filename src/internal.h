@@ -323,7 +323,7 @@ void hak_write_fd(int fd, const char* s);
 void hak_segmap_set(const void* at, unsigned value);
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap);
 void hak_segment_release(hak_segment_t* seg);
-int hak_segment_find_units(hak_segment_t* seg, unsigned n);
+int hak_segment_find_units(hak_segment_t* seg, unsigned n, bool* backed);
 void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n);
 void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n);
 void hak_segments_lock(void);

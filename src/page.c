@@ -49,7 +49,7 @@ static void seg_remove(hak_segment_t** list, hak_segment_t* seg) {
 void hak_page_extend(hak_page_t* page) {
   uint32_t bs = page->block_size;
   uint32_t n = page->reserved - page->capacity;
-  uint32_t batch = 16384 / bs;
+  uint32_t batch = 4096 / bs; /* measured: 16 KiB cost RSS, saved no instruction */
   if (batch < 4) batch = 4;
   if (n > batch) n = batch;
   uint8_t* first = page->start + (size_t)page->capacity * bs;
@@ -111,10 +111,18 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
   return same_size;
 }
 
+/* A segment of the heap with n free units in a row, preferring backed ones. */
 static hak_segment_t* segment_with_units(hak_heap_t* heap, unsigned n, int* idx) {
-  for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next)
-    if ((*idx = hak_segment_find_units(seg, n)) >= 0) return seg;
-  return NULL;
+  hak_segment_t* found = NULL;
+  for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
+    bool backed;
+    int at = hak_segment_find_units(seg, n, &backed);
+    if (at < 0 || (found != NULL && !backed)) continue;
+    found = seg;
+    *idx = at;
+    if (backed) break;
+  }
+  return found;
 }
 
 /* A new page for class cls (or, with cls == HAK_CLASS_LARGE, one block of

@@ -204,12 +204,22 @@ void hak_segments_usage(hak_usage_t* usage) {
   pthread_mutex_unlock(&segment_lock);
 }
 
-/* First run of n free units in the segment, or -1. */
-int hak_segment_find_units(hak_segment_t* seg, unsigned n) {
-  uint32_t m = seg->free_units;
-  for (unsigned i = 1; i < n && m; i++) m &= seg->free_units >> i;
+/* Starts of the runs of n units all set in mask. */
+static uint32_t run_starts(uint32_t mask, unsigned n) {
+  uint32_t m = mask;
+  for (unsigned i = 1; i < n && m; i++) m &= mask >> i;
+  return m;
+}
+
+/* A run of n free units in the segment, or -1: the first whose units are all
+ * still backed if there is one (reusing them costs no page fault, and lets
+ * the purge take the ones left idle), else the first. */
+int hak_segment_find_units(hak_segment_t* seg, unsigned n, bool* backed) {
+  uint32_t m = run_starts(seg->free_units, n);
   if (m == 0) return -1;
-  return __builtin_ctz(m);
+  uint32_t d = run_starts(seg->dirty_units, n);
+  *backed = d != 0;
+  return __builtin_ctz(d != 0 ? d : m);
 }
 
 static uint32_t unit_mask(unsigned idx, unsigned n) {

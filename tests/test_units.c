@@ -120,21 +120,34 @@ static void test_block_start_check(void) {
   CHECK(!hak_is_block_start(&unused, (void*)0x12340));
 }
 
+static int find(hak_segment_t* seg, unsigned n) {
+  bool backed;
+  return hak_segment_find_units(seg, n, &backed);
+}
+
 static void test_unit_runs(void) {
-  static hak_segment_t seg; /* only the unit bitmap is used */
+  static hak_segment_t seg; /* only the unit bitmaps are used */
   seg.free_units = 0xFFFFFFFFu;
-  CHECK(hak_segment_find_units(&seg, 1) == 0);
-  CHECK(hak_segment_find_units(&seg, 32) == 0);
+  CHECK(find(&seg, 1) == 0);
+  CHECK(find(&seg, 32) == 0);
   hak_segment_take_units(&seg, 0, 3);
-  CHECK(hak_segment_find_units(&seg, 1) == 3);
+  CHECK(find(&seg, 1) == 3);
   hak_segment_take_units(&seg, 4, 10);
-  CHECK(hak_segment_find_units(&seg, 1) == 3);
-  CHECK(hak_segment_find_units(&seg, 2) == 14);
-  CHECK(hak_segment_find_units(&seg, 18) == 14);
-  CHECK(hak_segment_find_units(&seg, 19) == -1);
+  CHECK(find(&seg, 1) == 3);
+  CHECK(find(&seg, 2) == 14);
+  CHECK(find(&seg, 18) == 14);
+  CHECK(find(&seg, 19) == -1);
   hak_segment_give_units(&seg, 0, 3);
-  CHECK(hak_segment_find_units(&seg, 4) == 0); /* units 0-3: unit 3 was never taken */
-  CHECK(hak_segment_find_units(&seg, 5) == 14);
+  CHECK(find(&seg, 4) == 0); /* units 0-3: unit 3 was never taken */
+  CHECK(find(&seg, 5) == 14);
+  /* Runs whose units are all still backed come first. */
+  bool backed = true;
+  CHECK(hak_segment_find_units(&seg, 2, &backed) == 0 && !backed);
+  seg.dirty_units = (1u << 20) | (1u << 22) | (1u << 23);
+  CHECK(hak_segment_find_units(&seg, 1, &backed) == 20 && backed);
+  CHECK(hak_segment_find_units(&seg, 2, &backed) == 22 && backed);
+  CHECK(hak_segment_find_units(&seg, 3, &backed) == 0 && !backed);
+  seg.dirty_units = 0;
 }
 
 /* ---- remote frees -------------------------------------------------------- */
