@@ -13,6 +13,10 @@
 #define HUGE_CACHE_SLOTS 8
 #define HUGE_CACHE_BYTES ((size_t)64 << 20)
 #define HUGE_CACHE_MAX_AGE_NS 1000000000LL /* 1 s */
+/* A cached mapping reused for a smaller block keeps its backed tail (no page
+ * faults when the next block is bigger again) while the tails of all live
+ * huge blocks stay within this; beyond it the tail is unmapped. */
+#define HUGE_SPARE_MAX ((size_t)32 << 20)
 
 typedef struct huge_cached_s {
   hak_segment_t* seg; /* NULL: slot free */
@@ -22,6 +26,15 @@ typedef struct huge_cached_s {
 static pthread_mutex_t huge_lock = PTHREAD_MUTEX_INITIALIZER;
 static huge_cached_t huge_cache[HUGE_CACHE_SLOTS];
 static size_t huge_cache_bytes;
+static _Atomic size_t huge_spare_bytes; /* the kept tails of live huge blocks */
+
+/* Drops the block's kept tail from the count (it is freed, or resized exactly). */
+static void huge_spare_forget(hak_segment_t* seg) {
+  if (seg->huge_spare_pages == 0) return;
+  atomic_fetch_sub_explicit(&huge_spare_bytes, (size_t)seg->huge_spare_pages * HAK_OS_PAGE,
+                            memory_order_relaxed);
+  seg->huge_spare_pages = 0;
+}
 
 static long long now_ns(void) {
   struct timespec ts;
@@ -151,13 +164,17 @@ static void huge_map(hak_segment_t* seg, bool on) {
   }
 }
 
-/* Fits a cached mapping to total bytes: trims the tail of a larger one, grows
- * a smaller one in place or moves it with mremap.  NULL if it could not (the
- * mapping is then gone). */
+/* Fits a cached mapping to total bytes: keeps the backed tail of a larger one
+ * (within HUGE_SPARE_MAX) or trims it, grows a smaller one in place or moves
+ * it with mremap.  NULL if it could not (the mapping is then gone). */
 static hak_segment_t* huge_resize_cached(hak_segment_t* seg, size_t total) {
   if (seg->map_size > total) {
-    if (seg->map_size / 2 > total) { /* keep up to twice: its pages are backed */
-      hak_os_unmap((uint8_t*)seg + total, seg->map_size - total);
+    size_t tail = seg->map_size - total;
+    if (atomic_fetch_add_explicit(&huge_spare_bytes, tail, memory_order_relaxed) + tail <= HUGE_SPARE_MAX) {
+      seg->huge_spare_pages = (uint32_t)(tail / HAK_OS_PAGE);
+    } else {
+      atomic_fetch_sub_explicit(&huge_spare_bytes, tail, memory_order_relaxed);
+      hak_os_unmap((uint8_t*)seg + total, tail);
       seg->map_size = total;
     }
     return seg;
@@ -213,6 +230,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
 
 void hak_huge_free(hak_segment_t* seg) {
   huge_map(seg, false);
+  huge_spare_forget(seg);
   if (seg->huge_block == (uint8_t*)seg + HAK_SEG_HDR_SIZE)
     huge_cache_put(seg);
   else
@@ -231,6 +249,7 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   uint8_t* base = (uint8_t*)seg;
   if (size <= HAK_LARGE_MAX || size > HAK_SIZE_LIMIT) return NULL;
   size_t off = (size_t)((uint8_t*)p - base);
+  huge_spare_forget(seg); /* the mapping is fitted to the new size below */
   size_t old_total = seg->map_size;
   size_t total = PAGE_UP(off + size);
   if (total == old_total) return p;

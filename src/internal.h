@@ -110,7 +110,7 @@ struct hak_segment_s {
   uint32_t kind;
   uint32_t free_units;         /* bit i set: unit i is free */
   uint32_t dirty_units;        /* free units still backed by memory (not purged) */
-  uint32_t pad_;
+  uint32_t huge_spare_pages;   /* huge: pages of the mapping beyond the block's need */
   hak_segment_t* next;         /* in the owner's segment list or the free cache */
   hak_segment_t* prev;
   size_t map_size;             /* huge: the mapping, which starts at the header */
