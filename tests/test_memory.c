@@ -151,6 +151,29 @@ static void test_huge_cache(void) {
   CHECK(live_intact());
 }
 
+/* A cached mapping reused for a smaller block keeps its backed tail, but the
+ * tails of live blocks stay within 32 MiB in all. */
+static void test_huge_tails(void) {
+  malloc_trim(0);
+  size_t mapped0 = mallinfo2().hblkhd;
+  void* keep[12];
+  for (int i = 0; i < 12; i++) {
+    char* big = malloc(12 * MIB);
+    REQUIRE(big != NULL);
+    memset(big, 1, 12 * MIB);
+    free(big);
+    size_t mmaps = C(mmap_calls);
+    keep[i] = malloc(2 * MIB);
+    REQUIRE(keep[i] != NULL);
+    CHECK(C(mmap_calls) == mmaps); /* the cached 12 MiB mapping */
+    if (i == 0) CHECK(malloc_usable_size(keep[0]) >= 10 * MIB); /* its tail kept */
+  }
+  size_t mapped = mallinfo2().hblkhd - mapped0;
+  CHECK(mapped <= 12 * (2 * MIB + 8192) + 32 * MIB);
+  for (int i = 0; i < 12; i++) free(keep[i]);
+  CHECK(live_intact());
+}
+
 /* malloc_trim(0) gives back everything free at once (whatever the delay).
  * RSS shows it with MADV_DONTNEED on small pages; MADV_FREE leaves the pages
  * counted until the kernel needs them, and a huge page partly given back
@@ -286,6 +309,7 @@ int main(int argc, char** argv) {
   test_purge_delay();
   test_reuse();
   test_huge_cache();
+  test_huge_tails();
   test_trim();
   test_mallinfo();
   test_thp();
