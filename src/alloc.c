@@ -34,6 +34,15 @@ size_t hak_usable(const void* p) {
 
 HAK_API size_t hak_usable_size(const void* p) { return hak_usable(p); }
 
+/* A large block of this thread's heap grows over the free units after it. */
+static bool realloc_grow_in_place(hak_segment_t* seg, void* p, size_t size) {
+  if (seg->kind != HAK_SEG_NORMAL ||
+      atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) != hak_thread_id())
+    return false;
+  hak_page_t* page = hak_page_of(seg, p);
+  return page->cls == HAK_CLASS_LARGE && p == page->start && hak_page_grow(hak_tls_heap, page, size);
+}
+
 HAK_API void* hak_realloc(void* p, size_t size) {
   if (p == NULL) return hak_alloc_inline(size);
   if (size == 0) { /* glibc frees and returns NULL */
@@ -49,6 +58,7 @@ HAK_API void* hak_realloc(void* p, size_t size) {
   size_t usable = hak_usable(p);
   /* Stay if it fits and does not waste more than half. */
   if (size <= usable && size >= usable / 2) return p;
+  if (size > usable && size <= HAK_LARGE_MAX && realloc_grow_in_place(seg, p, size)) return p;
   void* q = hak_alloc_inline(size);
   if (q == NULL) return NULL; /* errno is ENOMEM; p is untouched */
   memcpy(q, p, size < usable ? size : usable);

@@ -111,6 +111,18 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
   return same_size;
 }
 
+/* Takes n free units of one of the heap's segments at idx. */
+static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n) {
+  hak_segment_take_units(seg, idx, n);
+  uint32_t reused = seg->dirty_units & (uint32_t)((((uint64_t)1 << n) - 1) << idx);
+  seg->dirty_units &= ~reused;
+  heap->dirty_units -= (size_t)__builtin_popcount(reused);
+  if (seg->free_units == 0) {
+    seg_remove(&heap->segments, seg);
+    seg_push(&heap->full_segments, seg);
+  }
+}
+
 /* A segment of the heap with n free units in a row, preferring backed ones. */
 static hak_segment_t* segment_with_units(hak_heap_t* heap, unsigned n, int* idx) {
   hak_segment_t* found = NULL;
@@ -152,20 +164,30 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     seg_push(&heap->segments, seg);
     idx = 1;
   }
-  hak_segment_take_units(seg, (unsigned)idx, n);
-  uint32_t reused = seg->dirty_units & (uint32_t)((((uint64_t)1 << n) - 1) << idx);
-  seg->dirty_units &= ~reused;
-  heap->dirty_units -= (size_t)__builtin_popcount(reused);
-  if (seg->free_units == 0) {
-    seg_remove(&heap->segments, seg);
-    seg_push(&heap->full_segments, seg);
-  }
+  heap_take_units(heap, seg, (unsigned)idx, n);
   page = &seg->pages[idx];
   page->units = (uint8_t)n;
   page->index = (uint8_t)idx;
   page_format(page, cls);
   hak_count(pages, 1);
   return page;
+}
+
+/* Grows the single-block page of a large block in place to hold size bytes,
+ * if the units after it are free (realloc then copies nothing). */
+bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
+  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  unsigned idx = page->index, n = page->units;
+  unsigned want = (unsigned)((size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT);
+  if (want <= n || idx + want > HAK_UNITS) return false;
+  uint32_t more = (uint32_t)((((uint64_t)1 << (want - n)) - 1) << (idx + n));
+  if ((seg->free_units & more) != more) return false;
+  heap_take_units(heap, seg, idx + n, want - n);
+  for (unsigned j = n; j < want; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
+  page->units = (uint8_t)want;
+  page->block_size = (uint32_t)want << HAK_UNIT_SHIFT;
+  __atomic_store_n(&page->div_magic, UINT64_MAX / page->block_size + 1, __ATOMIC_RELAXED);
+  return true;
 }
 
 /* An empty page gives its units back to its segment; an empty segment goes

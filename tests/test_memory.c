@@ -174,6 +174,37 @@ static void test_huge_tails(void) {
   CHECK(live_intact());
 }
 
+/* realloc grows a large block over the free units after it (no copy), and
+ * moves it when a neighbour is in the way; contents survive both. */
+static void test_realloc_in_place(void) {
+  int in_place = 0, moved = 0;
+  for (int i = 0; i < 8; i++) {
+    char* p = malloc(200 * 1024);
+    REQUIRE(p != NULL);
+    hak_pattern_fill(p, 200 * 1024, 99);
+    char* q = realloc(p, 700 * 1024);
+    REQUIRE(q != NULL);
+    CHECK(hak_pattern_check(q, 200 * 1024, 99) == 200 * 1024);
+    CHECK(malloc_usable_size(q) >= 700 * 1024);
+    memset(q + 200 * 1024, 1, 500 * 1024);
+    in_place += q == p;
+    /* A neighbour right after it: the next growth must move it. */
+    char* next = malloc(64 * 1024);
+    if (next == q + malloc_usable_size(q)) {
+      char* r = realloc(q, 900 * 1024);
+      REQUIRE(r != NULL);
+      moved += r != q;
+      CHECK(hak_pattern_check(r, 200 * 1024, 99) == 200 * 1024);
+      q = r;
+    }
+    free(next);
+    free(q);
+  }
+  CHECK(in_place > 0);
+  CHECK(moved > 0);
+  CHECK(live_intact());
+}
+
 /* malloc_trim(0) gives back everything free at once (whatever the delay).
  * RSS shows it with MADV_DONTNEED on small pages; MADV_FREE leaves the pages
  * counted until the kernel needs them, and a huge page partly given back
@@ -310,6 +341,7 @@ int main(int argc, char** argv) {
   test_reuse();
   test_huge_cache();
   test_huge_tails();
+  test_realloc_in_place();
   test_trim();
   test_mallinfo();
   test_thp();
