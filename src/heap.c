@@ -270,11 +270,12 @@ hak_heap_t* hak_thread_heap_init(void) {
   return heap;
 }
 
-/* Called at thread exit: give back what is empty, keep what is live, and put
- * the heap where the next thread (or a live one short of memory) takes it. */
-void hak_thread_heap_done(hak_heap_t* heap) {
-  if (heap->kind != HAK_HEAP_THREAD) return;
-  global_heap_collect();
+/* Gives back what a heap whose thread has ended holds without using: the
+ * pages its remote frees empty, its empty pages, the carved memory above the
+ * blocks in use of the others, and the memory of its free units unless they
+ * are few (a thread that hands its blocks to the next, as servers do, would
+ * otherwise fault the same pages in again). */
+static void heap_trim_abandoned(hak_heap_t* heap) {
   hak_remote_collect(heap);
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     heap->current[c] = &hak_page_empty; /* lets the current page retire too */
@@ -283,16 +284,48 @@ void hak_thread_heap_done(hak_heap_t* heap) {
       if (page->used == 0) {
         hak_queue_remove(&heap->queue[c], page);
         hak_page_retire(heap, page);
+      } else {
+        hak_page_trim(page);
       }
     }
   }
   memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
   hak_heap_flush_empty(heap);
-  /* An abandoned heap keeps little beyond what is live: its free units are
-   * purged unless they are few (a thread that hands its blocks to the next,
-   * as servers do, would otherwise fault the same pages in again). */
   hak_heap_purge(heap, hak_now_ms(),
                  hak_policy.purge_delay_ms >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
+}
+
+/* Frees that reached abandoned heaps are collected whenever a thread ends.
+ * Threads adopt the most recently abandoned heaps first, so without this a
+ * heap deeper in the pool than threads come would keep every block freed since
+ * it was abandoned.  The heaps stay in the pool (in place, under the lock), so
+ * that a thread starting meanwhile still finds them. */
+static void abandoned_collect(void) {
+  if (__atomic_load_n(&abandoned_pool, __ATOMIC_RELAXED) == NULL) return;
+  pthread_mutex_lock(&heaps_lock);
+  for (hak_heap_t** at = &abandoned_pool; *at != NULL;) {
+    hak_heap_t* h = *at;
+    if (hak_remote_pending(h)) {
+      heap_trim_abandoned(h);
+      if (h->segments == NULL && h->full_segments == NULL) { /* nothing left: a spare heap */
+        __atomic_store_n(at, h->pool_next, __ATOMIC_RELAXED);
+        h->pool_next = spare_pool;
+        spare_pool = h;
+        continue;
+      }
+    }
+    at = &h->pool_next;
+  }
+  pthread_mutex_unlock(&heaps_lock);
+}
+
+/* Called at thread exit: give back what is empty, keep what is live, and put
+ * the heap where the next thread (or a live one short of memory) takes it. */
+void hak_thread_heap_done(hak_heap_t* heap) {
+  if (heap->kind != HAK_HEAP_THREAD) return;
+  global_heap_collect();
+  abandoned_collect();
+  heap_trim_abandoned(heap);
   hak_tls_heap = &hak_heap_dead;
   heap->kind = HAK_HEAP_EMPTY;
   heap->tid = 0; /* a later thread may get this thread's id */

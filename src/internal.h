@@ -335,6 +335,7 @@ void hak_segments_usage(hak_usage_t* usage);
 hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size);
 void hak_page_extend(hak_page_t* page);
 void hak_page_retire(hak_heap_t* heap, hak_page_t* page);
+void hak_page_trim(hak_page_t* page);
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size);
 void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page);
 void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);

@@ -173,6 +173,41 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
   return page;
 }
 
+/* Of a heap no thread uses any more (its own thread has ended): the page's
+ * free blocks go back on its list in address order, so that the next owner
+ * fills the lowest first, and the carved memory above its highest block in use
+ * is given back (the blocks there are carved again when needed).  Blocks in
+ * use thus gather at the start of their pages as threads come and go, instead
+ * of each page keeping the most it ever held. */
+void hak_page_trim(hak_page_t* page) {
+  if (page->cls == HAK_CLASS_LARGE || page->free == NULL || page->used == 0) return;
+  uint64_t is_free[HAK_UNIT_SIZE / 16 / 64] = {0}; /* the most blocks a page holds */
+  uint32_t cap = page->capacity, bs = page->block_size;
+  if (cap > sizeof is_free * 8) return;
+  for (hak_block_t* b = page->free; b != NULL; b = b->next) {
+    uint32_t i = (uint32_t)((size_t)((uint8_t*)b - page->start) / bs);
+    is_free[i / 64] |= (uint64_t)1 << (i % 64);
+  }
+  uint32_t top = cap; /* one past the highest block in use */
+  while (top > 0 && (is_free[(top - 1) / 64] >> ((top - 1) % 64) & 1)) top--;
+  uintptr_t from = ((uintptr_t)page->start + (size_t)top * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
+  uintptr_t to = ((uintptr_t)page->start + (size_t)cap * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
+  if (from < to) {
+    cap = top;
+    hak_os_purge((void*)from, to - from);
+  }
+  hak_block_t* list = NULL;
+  for (uint32_t i = cap; i-- > 0;) {
+    if (is_free[i / 64] >> (i % 64) & 1) {
+      hak_block_t* b = (hak_block_t*)(page->start + (size_t)i * bs);
+      b->next = list;
+      list = b;
+    }
+  }
+  page->free = list;
+  page->capacity = cap;
+}
+
 /* Grows the single-block page of a large block in place to hold size bytes,
  * if the units after it are free (realloc then copies nothing). */
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
