@@ -271,11 +271,12 @@ hak_heap_t* hak_thread_heap_init(void) {
 }
 
 /* Gives back what a heap whose thread has ended holds without using: the
- * pages its remote frees empty, its empty pages, the carved memory above the
- * blocks in use of the others, and the memory of its free units unless they
- * are few (a thread that hands its blocks to the next, as servers do, would
- * otherwise fault the same pages in again). */
-static void heap_trim_abandoned(hak_heap_t* heap) {
+ * pages its remote frees empty, its empty pages, with pages the carved memory
+ * above the blocks in use of the others, and the memory of its free units
+ * unless they are few (a thread that hands its blocks to the next, as servers
+ * do, would otherwise fault the same pages in again; for the same reason an
+ * exiting thread's own pages are not trimmed: the next thread adopts them). */
+static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
   hak_remote_collect(heap);
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     heap->current[c] = &hak_page_empty; /* lets the current page retire too */
@@ -284,7 +285,7 @@ static void heap_trim_abandoned(hak_heap_t* heap) {
       if (page->used == 0) {
         hak_queue_remove(&heap->queue[c], page);
         hak_page_retire(heap, page);
-      } else {
+      } else if (pages) {
         hak_page_trim(page);
       }
     }
@@ -306,7 +307,7 @@ static void abandoned_collect(void) {
   for (hak_heap_t** at = &abandoned_pool; *at != NULL;) {
     hak_heap_t* h = *at;
     if (hak_remote_pending(h)) {
-      heap_trim_abandoned(h);
+      heap_trim_abandoned(h, true);
       if (h->segments == NULL && h->full_segments == NULL) { /* nothing left: a spare heap */
         __atomic_store_n(at, h->pool_next, __ATOMIC_RELAXED);
         h->pool_next = spare_pool;
@@ -325,7 +326,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   if (heap->kind != HAK_HEAP_THREAD) return;
   global_heap_collect();
   abandoned_collect();
-  heap_trim_abandoned(heap);
+  heap_trim_abandoned(heap, false);
   hak_tls_heap = &hak_heap_dead;
   heap->kind = HAK_HEAP_EMPTY;
   heap->tid = 0; /* a later thread may get this thread's id */
