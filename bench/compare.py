@@ -321,27 +321,27 @@ def parse_strace(path):
     return counts
 
 
-def strace_run(prefix, cfg, alloc, cmd, timeout):
-    """(syscall counts, benchmark fields) of one run under strace; None on failure."""
+def strace_run(prefix, what, program, alloc, cmd, timeout, syscalls=SYSCALLS):
+    """One run of cmd (a run of `program`) under strace counting `syscalls`:
+    (counts, benchmark fields, wall seconds), or (None, failure message, None).
+    Also used by bench/memory.py."""
     fd, path = tempfile.mkstemp(prefix="hakmem-strace-")
     os.close(fd)
     try:
-        full = prefix + ["-o", path, "-e", "trace=" + ",".join(SYSCALLS)]
+        full = prefix + ["-o", path, "-e", "trace=" + ",".join(syscalls)]
         if alloc.preload:
             full += ["-E", "LD_PRELOAD=" + alloc.preload]
         full += ["--"] + cmd
         env = dict(os.environ)
-        env.pop("LD_PRELOAD", None)  # for the tracee only, via -E
-        rc, out, err, _, _ = run_once(full, env, timeout)
+        env.pop("LD_PRELOAD", None)  # for the tracee only, via -E: strace runs on glibc
+        rc, out, err, wall, _ = run_once(full, env, timeout)
         if rc != 0:
-            log("  strace %s/%s failed: %s" % (cfg.name, alloc.name,
-                                              describe_failure(rc, err, timeout)))
-            return None
-        fields = A.parse_line(out, cfg.program)
+            return None, describe_failure(rc, err, timeout), None
+        fields = A.parse_line(out, program)
         problem = alloc.check(fields or {})
         if problem:
-            sys.exit("FATAL (%s under strace): %s" % (cfg.name, problem))
-        return parse_strace(path), fields
+            sys.exit("FATAL (%s under strace): %s" % (what, problem))
+        return parse_strace(path), fields, wall
     finally:
         os.unlink(path)
 
@@ -661,16 +661,20 @@ def main():
             % " ".join(strace_prefix))
         for cfg in configs:
             for alloc in allocs:
-                full = strace_run(strace_prefix, cfg, alloc, argv(cfg), args.timeout)
-                basel = strace_run(strace_prefix, cfg, alloc, cfg.zero_argv(bench_dir),
-                                   args.timeout)
-                if full is None or basel is None:
+                full = strace_run(strace_prefix, cfg.name, cfg.program, alloc, argv(cfg),
+                                  args.timeout)
+                basel = strace_run(strace_prefix, cfg.name, cfg.program, alloc,
+                                   cfg.zero_argv(bench_dir), args.timeout)
+                for r in (full, basel):
+                    if r[0] is None:
+                        log("  strace %s/%s failed: %s" % (cfg.name, alloc.name, r[1]))
+                if full[0] is None or basel[0] is None:
                     sys_rows.append({"config": cfg.name, "allocator": alloc.name,
                                      "ops": None, "total": None, "startup": None})
                     failures.setdefault((cfg.name, alloc.name), []).append(
                         "run under strace failed")
                     continue
-                counts, fields = full
+                counts, fields, _ = full
                 row = {"config": cfg.name, "allocator": alloc.name,
                        "ops": int(fields.get("ops", 0)), "total": counts, "startup": basel[0]}
                 sys_rows.append(row)

@@ -42,7 +42,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -216,31 +215,14 @@ def rss_table(allocs, results, args):
 
 def strace_counts(prefix, alloc, cmd, timeout, failures, what):
     """Syscall counts of one run of cmd under strace; None on failure."""
-    fd, path = tempfile.mkstemp(prefix="hakmem-strace-")
-    os.close(fd)
-    try:
-        full = prefix + ["-o", path, "-e", "trace=" + ",".join(SYSCALLS)]
-        if alloc.preload:
-            full += ["-E", "LD_PRELOAD=" + alloc.preload]
-        full += ["--"] + cmd
-        env = dict(os.environ)
-        env.pop("LD_PRELOAD", None)  # for the tracee only, via -E: strace runs on glibc
-        rc, out, err, wall, _ = C.run_once(full, env, timeout)
-        if rc != 0:
-            msg = C.describe_failure(rc, err, timeout)
-            log("  FAILED %s under %s: %s" % (what, alloc.name, msg))
-            failures.append((what, alloc.name, msg))
-            return None
-        fields = A.parse_line(out, "random_mixed")
-        problem = alloc.check(fields or {})
-        if problem:
-            sys.exit("FATAL (%s under strace): %s" % (what, problem))
-        counts = C.parse_strace(path)
-        return {"counts": {s: counts.get(s, 0) for s in SYSCALLS},
-                "ops": int(fields.get("ops", 0)), "mops": float(fields.get("mops", 0)),
-                "wall": wall}
-    finally:
-        os.unlink(path)
+    counts, fields, wall = C.strace_run(prefix, what, "random_mixed", alloc, cmd, timeout, SYSCALLS)
+    if counts is None:
+        log("  FAILED %s under %s: %s" % (what, alloc.name, fields))
+        failures.append((what, alloc.name, fields))
+        return None
+    return {"counts": {s: counts.get(s, 0) for s in SYSCALLS},
+            "ops": int(fields.get("ops", 0)), "mops": float(fields.get("mops", 0)),
+            "wall": wall}
 
 
 def syscall_section(allocs, bench_dir, args, failures):
