@@ -6,13 +6,16 @@
  * into an empty one and writes its first and last byte.  Workers run until
  * --duration seconds (default 600) have passed.  The main thread does no
  * allocation: every --interval seconds (default 1) it prints one sample
- *   soak_sample t=12.000 ops=... mops=... rss_kib=...
- * (mops over the interval just ended; rss_kib = VmRSS now), then at the end
+ *   soak_sample t=12.000 ops=... mops=... rss_kib=... minflt=...
+ * (mops over the interval just ended; rss_kib = VmRSS now; minflt = minor
+ * page faults of the process so far), then at the end
  * one result line
  *   soak preset=mixed threads=1 ws=400 min=16 max=1024 duration=600 samples=600
  *   ops=... seconds=... mops=... mops_first=... mops_last=... mops_drift_pct=...
  *   rss_first_kib=... rss_last_kib=... rss_max_kib=... rss_drift_pct=...
- *   allocator=... malloc_from=... peak_rss_kib=...
+ *   faults_first=... faults_last=... allocator=... malloc_from=... peak_rss_kib=...
+ * (faults_first/last: minor faults during those two tenths: once warm, the
+ * last should be no more than the first),
  * (on one line).  Drift compares the mean of the last tenth of the samples
  * with the mean of the tenth after the first (the first tenth is warm-up):
  * hakmem's targets are under 5% for both over a long soak.
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -136,8 +140,9 @@ int main(int argc, char **argv)
     const size_t max_samples = (size_t)(duration / interval) + 2;
     double *s_mops = calloc(max_samples, sizeof(double));
     double *s_rss = calloc(max_samples, sizeof(double));
+    long *s_flt = calloc(max_samples + 1, sizeof(long)); /* s_flt[i + 1]: at sample i */
     struct worker *workers = aligned_alloc(64, sizeof(struct worker) * threads);
-    if (!s_mops || !s_rss || !workers) {
+    if (!s_mops || !s_rss || !s_flt || !workers) {
         fprintf(stderr, "soak: out of memory\n");
         return 1;
     }
@@ -176,16 +181,19 @@ int main(int argc, char **argv)
         for (unsigned t = 0; t < threads; t++)
             ops += atomic_load_explicit(&workers[t].ops, memory_order_relaxed);
         const long rss = rss_kib();
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
         const double mops = now > prev_t ? (double)(ops - prev_ops) / (now - prev_t) / 1e6 : 0;
         if (n < max_samples) {
             s_mops[n] = mops;
             s_rss[n] = (double)rss;
+            s_flt[n + 1] = ru.ru_minflt;
             n++;
         }
         if (rss > rss_max)
             rss_max = rss;
-        printf("soak_sample t=%.3f ops=%llu mops=%.3f rss_kib=%ld\n", now - t0,
-               (unsigned long long)ops, mops, rss);
+        printf("soak_sample t=%.3f ops=%llu mops=%.3f rss_kib=%ld minflt=%ld\n", now - t0,
+               (unsigned long long)ops, mops, rss, ru.ru_minflt);
         fflush(stdout);
         prev_ops = ops;
         prev_t = now;
@@ -213,7 +221,7 @@ int main(int argc, char **argv)
     printf("soak preset=%s threads=%llu ws=%llu min=%llu max=%llu duration=%g interval=%g "
            "samples=%zu ops=%llu seconds=%.3f mops=%.3f mops_first=%.3f mops_last=%.3f "
            "mops_drift_pct=%.2f rss_first_kib=%.0f rss_last_kib=%.0f rss_max_kib=%ld "
-           "rss_drift_pct=%.2f seed=%llu",
+           "rss_drift_pct=%.2f faults_first=%ld faults_last=%ld seed=%llu",
            preset->name, (unsigned long long)threads, (unsigned long long)cfg_ws,
            (unsigned long long)cfg_min, (unsigned long long)cfg_max, duration, interval, n,
            (unsigned long long)total, seconds, seconds > 0 ? (double)total / seconds / 1e6 : 0,
@@ -221,10 +229,12 @@ int main(int argc, char **argv)
            mops_first > 0 ? 100.0 * (mops_last - mops_first) / mops_first : 0.0,
            rss_first, rss_last, rss_max,
            rss_first > 0 ? 100.0 * (rss_last - rss_first) / rss_first : 0.0,
+           s_flt[first_from + win] - s_flt[first_from], s_flt[n] - s_flt[n - win],
            (unsigned long long)seed);
     bench_report_tail();
     free(s_mops);
     free(s_rss);
+    free(s_flt);
     free(workers);
     return 0;
 }

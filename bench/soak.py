@@ -178,7 +178,9 @@ def main():
     L = ["# hakmem soak — %s" % stamp, ""]
     L.append("`%s`, %g s per allocator, one sample every %g s.  Drift: mean of the last "
              "tenth of the samples against the mean of the second tenth (the first tenth "
-             "is warm-up); hakmem's target is under %g%% for both." % (
+             "is warm-up); hakmem's target is under %g%% for both.  *faults*: minor page "
+             "faults during the second and during the last tenth (warm: the last no more "
+             "than the first)." % (
                  " ".join(["soak"] + flags), args.duration, args.interval, TARGET_PCT))
     L.append("")
     L.append("- machine: %s, %s CPUs, Linux %s; load average at start %s; hakmem tree %s"
@@ -188,18 +190,19 @@ def main():
         L.append("- note: %s" % n)
     L.append("")
     L.append("| allocator | samples | Mops/s mean | first | last | drift % | RSS MiB first "
-             "| last | max | drift % | verdict |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+             "| last | max | drift % | faults first | last | verdict |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name, f in results:
         md, rd = float(f["mops_drift_pct"]), float(f["rss_drift_pct"])
         ok = abs(md) <= TARGET_PCT and abs(rd) <= TARGET_PCT
-        L.append("| %s | %s | %s | %s | %s | %+.2f | %.2f | %.2f | %.2f | %+.2f | %s |" % (
+        L.append("| %s | %s | %s | %s | %s | %+.2f | %.2f | %.2f | %.2f | %+.2f | %s | %s | %s |" % (
             name, f["samples"], C.tp(float(f["mops"])), C.tp(float(f["mops_first"])),
             C.tp(float(f["mops_last"])), md, float(f["rss_first_kib"]) / 1024,
             float(f["rss_last_kib"]) / 1024, float(f["rss_max_kib"]) / 1024, rd,
+            f.get("faults_first", "?"), f.get("faults_last", "?"),
             "within 5%" if ok else "**over 5%**"))
     for name, err in failed:
-        L.append("| %s | FAILED: %s | | | | | | | | | |" % (name, err))
+        L.append("| %s | FAILED: %s | | | | | | | | | | | |" % (name, err))
     L.append("")
     if plt is not None and series:
         try:
