@@ -192,7 +192,7 @@ void hak_page_trim(hak_page_t* page) {
   while (top > 0 && (is_free[(top - 1) / 64] >> ((top - 1) % 64) & 1)) top--;
   uintptr_t from = ((uintptr_t)page->start + (size_t)top * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
   uintptr_t to = ((uintptr_t)page->start + (size_t)cap * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
-  if (from < to) {
+  if (from < to && hak_policy.purge_delay_ms >= 0) { /* -1: nothing is purged but by malloc_trim */
     cap = top;
     hak_os_purge((void*)from, to - from);
   }

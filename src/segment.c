@@ -126,8 +126,10 @@ static void cache_clean_push(hak_segment_t* seg) {
  * beyond HAK_SEGMENT_DIRTY_KEEP the oldest whatever their age, unless purging
  * is off.  Cheap when nothing is due: one unlocked load. */
 void hak_segment_cache_purge(uint32_t now_ms, bool all) {
-  if (!all && !purge_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms) &&
-      atomic_load_explicit(&cache_dirty_count, memory_order_relaxed) <= HAK_SEGMENT_DIRTY_KEEP)
+  size_t count = atomic_load_explicit(&cache_dirty_count, memory_order_relaxed);
+  if (count == 0 || (!all && hak_policy.purge_delay_ms < 0)) return;
+  if (!all && count <= HAK_SEGMENT_DIRTY_KEEP &&
+      !purge_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms))
     return;
   hak_segment_t* purge = NULL;
   pthread_mutex_lock(&segment_lock);
