@@ -189,3 +189,18 @@ def find_benchmarks(bench_dir=None, log=None):
             sys.exit("cannot build %s:\n%s\n%s" % (p, " ".join(cmd), r.stdout))
     log("note: using benchmarks compiled directly in %s" % direct)
     return direct
+
+
+def add_run_args(ap, timeout=None, snapshot=False):
+    """The options every driver takes: --out, --bench-dir, --hakmem, and
+    --timeout (seconds per run, when given a default) and --no-snapshot."""
+    ap.add_argument("--out", default=os.path.join(BENCH_DIR, "results"),
+                    help="results directory (default bench/results)")
+    ap.add_argument("--bench-dir", help="directory holding the benchmark binaries")
+    ap.add_argument("--hakmem", help="path of libhakmem.so (default build/libhakmem.so)")
+    if timeout is not None:
+        ap.add_argument("--timeout", type=float, default=timeout,
+                        help="seconds per run (default %g)" % timeout)
+    if snapshot:
+        ap.add_argument("--no-snapshot", action="store_true",
+                        help="run the binaries in place instead of copies taken at start")

@@ -497,13 +497,7 @@ def main():
                     help="update bench/README.md's latest results and bench/latest/ "
                     "(default: a run without --quick of every config and allocator, no failure)")
     ap.add_argument("--no-publish", dest="publish", action="store_false")
-    ap.add_argument("--out", default=os.path.join(A.BENCH_DIR, "results"),
-                    help="results directory (default bench/results)")
-    ap.add_argument("--bench-dir", help="directory holding the benchmark binaries")
-    ap.add_argument("--hakmem", help="path of libhakmem.so (default build/libhakmem.so)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per run (default 300)")
-    ap.add_argument("--no-snapshot", action="store_true",
-                    help="run the binaries in place instead of copies taken at start")
+    A.add_run_args(ap, timeout=300, snapshot=True)
     ap.add_argument("--list", action="store_true", help="list configs and allocators, then exit")
     args = ap.parse_args()
 

@@ -121,9 +121,7 @@ def main():
     ap.add_argument("--preset", default="mixed", help="random_mixed preset (default mixed)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="callgrind runs in parallel (default: CPU count)")
-    ap.add_argument("--out", default=os.path.join(A.BENCH_DIR, "results"))
-    ap.add_argument("--bench-dir", help="directory holding the benchmark binaries")
-    ap.add_argument("--hakmem", help="path of libhakmem.so (default build/libhakmem.so)")
+    A.add_run_args(ap)
     args = ap.parse_args()
 
     if not shutil.which("valgrind"):

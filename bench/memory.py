@@ -307,13 +307,7 @@ def main():
     ap.add_argument("--preset", default="mixed", help="random_mixed preset (default mixed)")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when hakmem misses a target")
-    ap.add_argument("--out", default=os.path.join(A.BENCH_DIR, "results"),
-                    help="results directory (default bench/results)")
-    ap.add_argument("--bench-dir", help="directory holding the benchmark binaries")
-    ap.add_argument("--hakmem", help="path of libhakmem.so (default build/libhakmem.so)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
-    ap.add_argument("--no-snapshot", action="store_true",
-                    help="run the binaries in place instead of copies taken at start")
+    A.add_run_args(ap, timeout=600, snapshot=True)
     args = ap.parse_args()
     if args.only_rss and args.only_syscalls:
         sys.exit("--only-rss and --only-syscalls exclude each other")

@@ -116,9 +116,7 @@ def main():
     ap.add_argument("--no-charts", action="store_true")
     ap.add_argument("--no-install", action="store_true",
                     help="do not install matplotlib when it is missing")
-    ap.add_argument("--out", default=os.path.join(A.BENCH_DIR, "results"))
-    ap.add_argument("--bench-dir", help="directory holding the benchmark binaries")
-    ap.add_argument("--hakmem", help="path of libhakmem.so (default build/libhakmem.so)")
+    A.add_run_args(ap)
     args = ap.parse_args()
     if args.duration <= 0 or args.interval < 0.01:
         sys.exit("--duration must be positive and --interval at least 0.01")
