@@ -168,7 +168,7 @@ void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   if (page->in_full) {
     hak_queue_remove(&heap->full, page);
     page->in_full = 0;
-    __atomic_store_n(&page->div_magic, UINT64_MAX / page->block_size + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&page->div_magic, hak_div_magic(page->block_size), __ATOMIC_RELAXED);
     hak_queue_push_back(&heap->queue[page->cls], page);
     if (heap->queue[page->cls].first == page) hak_heap_set_current(heap, page->cls);
   }

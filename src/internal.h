@@ -195,6 +195,14 @@ HAK_INLINE unsigned hak_class_of(size_t size) {
   return 8u + (k - 7u) * 8u + (unsigned)((s >> (k - 3)) & 7u);
 }
 
+/* Bits idx .. idx+n-1 of a segment's unit bitmaps (idx + n <= 32). */
+HAK_INLINE uint32_t hak_unit_mask(unsigned idx, unsigned n) {
+  return (uint32_t)((((uint64_t)1 << n) - 1) << idx);
+}
+
+/* A page's div_magic for blocks of bs bytes (see hak_page_t). */
+HAK_INLINE uint64_t hak_div_magic(uint32_t bs) { return UINT64_MAX / bs + 1; }
+
 /* The segment-map entry covering p. */
 HAK_INLINE unsigned hak_segmap_get(const void* p) {
   uintptr_t idx = (uintptr_t)p >> HAK_SEG_SHIFT;

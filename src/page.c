@@ -60,12 +60,17 @@ void hak_page_extend(hak_page_t* page) {
   page->capacity += n;
 }
 
+/* Points the descriptors of units idx+from .. idx+to-1 back at the page's head. */
+static void link_units(hak_segment_t* seg, unsigned idx, unsigned from, unsigned to) {
+  for (unsigned j = from; j < to; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
+}
+
 /* Formats the n units at seg->pages[idx] as a page of class cls (or one
  * large block). */
 static void page_format(hak_page_t* page, unsigned cls) {
   hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
   unsigned idx = page->index, n = page->units;
-  for (unsigned j = 1; j < n; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
+  link_units(seg, idx, 1, n);
   uint8_t* start = (uint8_t*)seg + ((size_t)idx << HAK_UNIT_SHIFT);
   uint8_t* end = start + ((size_t)n << HAK_UNIT_SHIFT);
   page->head_off = 0;
@@ -87,7 +92,7 @@ static void page_format(hak_page_t* page, unsigned cls) {
     page->free = NULL;
     hak_page_extend(page);
   }
-  page->div_magic = UINT64_MAX / page->block_size + 1;
+  page->div_magic = hak_div_magic(page->block_size);
 }
 
 /* A page from the heap's empty pages: of the same class if there is one (it
@@ -114,7 +119,7 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
 /* Takes n free units of one of the heap's segments at idx. */
 static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_segment_take_units(seg, idx, n);
-  uint32_t reused = seg->dirty_units & (uint32_t)((((uint64_t)1 << n) - 1) << idx);
+  uint32_t reused = seg->dirty_units & hak_unit_mask(idx, n);
   seg->dirty_units &= ~reused;
   heap->dirty_units -= (size_t)__builtin_popcount(reused);
   if (seg->free_units == 0) {
@@ -215,13 +220,13 @@ bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
   unsigned idx = page->index, n = page->units;
   unsigned want = (unsigned)((size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT);
   if (want <= n || idx + want > HAK_UNITS) return false;
-  uint32_t more = (uint32_t)((((uint64_t)1 << (want - n)) - 1) << (idx + n));
+  uint32_t more = hak_unit_mask(idx + n, want - n);
   if ((seg->free_units & more) != more) return false;
   heap_take_units(heap, seg, idx + n, want - n);
-  for (unsigned j = n; j < want; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
+  link_units(seg, idx, n, want);
   page->units = (uint8_t)want;
   page->block_size = (uint32_t)want << HAK_UNIT_SHIFT;
-  __atomic_store_n(&page->div_magic, UINT64_MAX / page->block_size + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&page->div_magic, hak_div_magic(page->block_size), __ATOMIC_RELAXED);
   return true;
 }
 
@@ -235,7 +240,7 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
   hak_segment_give_units(seg, idx, n);
   uint32_t now = hak_now_ms();
-  seg->dirty_units |= (uint32_t)((((uint64_t)1 << n) - 1) << idx);
+  seg->dirty_units |= hak_unit_mask(idx, n);
   for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = now;
   if (heap->dirty_units == 0) heap->purge_due_ms = now + (uint32_t)hak_policy.purge_delay_ms;
   heap->dirty_units += n;
@@ -292,7 +297,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
       unsigned lo = (unsigned)__builtin_ctz(old);
       unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(old >> lo)); /* <= 32 */
       hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
-      old &= ~(uint32_t)((((uint64_t)1 << len) - 1) << lo);
+      old &= ~hak_unit_mask(lo, len);
     }
   }
   heap->dirty_units = left;

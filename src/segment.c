@@ -224,16 +224,12 @@ int hak_segment_find_units(hak_segment_t* seg, unsigned n, bool* backed) {
   return __builtin_ctz(d != 0 ? d : m);
 }
 
-static uint32_t unit_mask(unsigned idx, unsigned n) {
-  return (n >= 32 ? 0xFFFFFFFFu : ((1u << n) - 1)) << idx;
-}
-
 void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n) {
-  hak_assert((seg->free_units & unit_mask(idx, n)) == unit_mask(idx, n));
-  seg->free_units &= ~unit_mask(idx, n);
+  hak_assert((seg->free_units & hak_unit_mask(idx, n)) == hak_unit_mask(idx, n));
+  seg->free_units &= ~hak_unit_mask(idx, n);
 }
 
 void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n) {
-  hak_assert((seg->free_units & unit_mask(idx, n)) == 0);
-  seg->free_units |= unit_mask(idx, n);
+  hak_assert((seg->free_units & hak_unit_mask(idx, n)) == 0);
+  seg->free_units |= hak_unit_mask(idx, n);
 }
