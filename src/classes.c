@@ -19,7 +19,7 @@ static unsigned units_for(size_t bsize) {
 
 void hak_classes_init(void) {
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
-    size_t size = c < 8 ? 16u * (c + 1) : (size_t)((c % 8) + 9) << (c / 8 + 3);
+    size_t size = c < 16 ? 16u * (c + 1) : (size_t)((c - 16) % 4 + 5) << ((c - 16) / 4 + 6);
     hak_class_size[c] = (uint32_t)size;
     hak_class_units[c] = (uint8_t)units_for(size);
     hak_assert(hak_class_of(size) == c);

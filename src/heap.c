@@ -72,11 +72,12 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
       hak_page_extend(page);
       break;
     }
+    /* Full: out of every list until a free finds it (through the slow path). */
     hak_page_t* next = page->next;
     hak_queue_remove(q, page);
     page->in_full = 1;
-    __atomic_store_n(&page->div_magic, 0, __ATOMIC_RELAXED); /* frees go to the slow path */
-    hak_queue_push_back(&heap->full, page);
+    page->full_magic = page->div_magic;
+    __atomic_store_n(&page->div_magic, 0, __ATOMIC_RELAXED);
     page = next;
   }
   if (page == NULL) {
@@ -135,12 +136,14 @@ void* hak_alloc_on_dead_thread(size_t size) {
 /* A page became empty.  The current page of its class stays, so that a class
  * that allocates and frees one block at a time does not fetch and retire a
  * page each time; others join the heap's empty pages (newest first), whose
- * oldest give their units back beyond HAK_EMPTY_UNITS_KEEP. */
-void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
-  if (page->cls != HAK_CLASS_LARGE) {
-    if (heap->current[page->cls] == page) return;
-    hak_queue_remove(&heap->queue[page->cls], page);
-  }
+ * oldest give their units back beyond HAK_EMPTY_UNITS_KEEP, and each once it
+ * has not been reused for the purge delay. */
+static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
+  if (page->cls != HAK_CLASS_LARGE) hak_queue_remove(&heap->queue[page->cls], page);
+  uint32_t now = hak_now_ms();
+  if (heap->dirty_units == 0 && heap->empty.first == NULL)
+    heap->purge_due_ms = now + (uint32_t)hak_policy.purge_delay_ms;
+  hak_page_mark_emptied(page, now);
   hak_queue_push_front(&heap->empty, page);
   heap->empty_units += page->units;
   while (heap->empty_units > HAK_EMPTY_UNITS_KEEP) {
@@ -149,6 +152,12 @@ void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
     heap->empty_units -= oldest->units;
     hak_page_retire(heap, oldest);
   }
+  hak_heap_purge_if_due(heap, now);
+}
+
+void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
+  if (page->cls != HAK_CLASS_LARGE && heap->current[page->cls] == page) return;
+  heap_keep_empty(heap, page);
 }
 
 /* Gives the units of every kept empty page back to their segments. */
@@ -166,9 +175,8 @@ void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   b->next = page->free;
   page->free = b;
   if (page->in_full) {
-    hak_queue_remove(&heap->full, page);
     page->in_full = 0;
-    __atomic_store_n(&page->div_magic, hak_div_magic(page->block_size), __ATOMIC_RELAXED);
+    __atomic_store_n(&page->div_magic, page->full_magic, __ATOMIC_RELAXED);
     hak_queue_push_back(&heap->queue[page->cls], page);
     if (heap->queue[page->cls].first == page) hak_heap_set_current(heap, page->cls);
   }
@@ -192,6 +200,10 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   hak_heap_t* owner = hak_segment_heap(seg);
   if (owner == NULL || page->units == 0 || (uint8_t*)p < page->start)
     hak_fatal("free of an invalid pointer (not a block)", p);
+  if (owner == hak_tls_heap && page->in_full && hak_is_block_start_full(page, p)) {
+    hak_heap_free_local(owner, page, (hak_block_t*)p); /* the common slow free */
+    return;
+  }
   /* The multiply test first: a division costs more than a remote free. */
   hak_block_t* b = hak_is_block_start(page, p) ? (hak_block_t*)p : hak_block_start(page, p);
   if ((void*)b != p && !__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED))
@@ -364,11 +376,6 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
       hak_queue_push_back(&heap->queue[c], page);
     }
     if (heap->current[c] != heap->queue[c].first) hak_heap_set_current(heap, c);
-  }
-  while (from->full.first != NULL) {
-    hak_page_t* page = from->full.first;
-    hak_queue_remove(&from->full, page);
-    hak_queue_push_back(&heap->full, page);
   }
   /* Frees that reached the old owner now belong to this heap. */
   hak_remote_collect_list(heap, atomic_exchange_explicit(&from->remote, NULL, memory_order_acquire));

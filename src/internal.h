@@ -43,9 +43,13 @@ void hak_assert_fail(const char* expr, const char* file, int line);
 #define HAK_SEG_ALL_FREE 0xFFFFFFFEu /* free_units of an empty segment */
 #define HAK_ALIGN 16          /* every block is at least this aligned */
 
-/* Size classes: 16..128 in steps of 16, then 8 classes per doubling up to
- * 128 KiB, so a block wastes at most 1/9 of its size beyond 128 bytes. */
-#define HAK_CLASSES 88
+/* Size classes: 16..256 bytes in steps of 16 (classes 0-15), then 4 classes
+ * per doubling up to 128 KiB (16-51), so a block above 256 bytes wastes at
+ * most 1/5 of its size.  Fewer classes mean fewer half-used pages: measured
+ * against 8 per doubling, the peak RSS of random 16-1024 B blocks on 8192
+ * slots falls 7%, of 1-64 KiB blocks 12% (docs/BENCHMARKS.md). */
+#define HAK_CLASS_STEP_MAX 256
+#define HAK_CLASSES 52
 #define HAK_CLASS_MAX_SIZE ((size_t)128 * 1024)
 #define HAK_SMALL_MAX 1024                         /* sizes served by heap->direct */
 #define HAK_DIRECT_SLOTS (HAK_SMALL_MAX / 16 + 1)  /* one slot per 16 bytes */
@@ -75,7 +79,7 @@ typedef struct hak_usage_s hak_usage_t;
 typedef struct hak_page_s {
   hak_block_t* free;      /* blocks ready to hand out */
   uint32_t used;          /* blocks out (remote frees not yet collected count as out) */
-  uint8_t in_full;        /* on the heap's full list (div_magic is then 0) */
+  uint8_t in_full;        /* found with no free block: in no queue, div_magic 0 */
   uint8_t has_aligned;    /* holds blocks handed out at an inner aligned address */
   uint16_t head_off;      /* bytes back to the head descriptor of a multi-unit page */
   uint32_t block_size;
@@ -89,11 +93,17 @@ typedef struct hak_page_s {
   /* UINT64_MAX / block_size + 1: an offset d below 2^32 is a multiple of the
    * block size iff d * div_magic < div_magic (Lemire, Kaser and Kurz), so
    * free checks that p starts a block with one multiply.  0 in a descriptor
-   * of no page and while the page is on the full list: every free of it then
-   * takes the slow path, which moves the page back. */
+   * of no page and while the page is full (in_full): every free of it then
+   * takes the slow path, which puts the page back in its queue. */
   uint64_t div_magic;
-  struct hak_page_s* next; /* class queue or full list */
-  struct hak_page_s* prev;
+  union {
+    struct { /* in the class queue or the heap's empty pages */
+      struct hak_page_s* next;
+      struct hak_page_s* prev;
+    };
+    uint64_t full_magic; /* full (in no queue): its div_magic, so that the slow
+                            path of its frees need not divide to find it */
+  };
 } hak_page_t;
 
 typedef struct hak_page_queue_s {
@@ -123,11 +133,10 @@ struct hak_heap_s {
   hak_page_t* direct[HAK_DIRECT_SLOTS]; /* size/16 -> current page (small sizes) */
   hak_page_t* current[HAK_CLASSES];     /* class -> current page, never NULL */
   hak_page_queue_t queue[HAK_CLASSES];  /* pages with (possibly) free blocks */
-  hak_page_queue_t full;                /* pages found with no free block */
   hak_page_queue_t empty;               /* empty pages kept for reuse, newest first */
   size_t empty_units;                   /* units they hold */
   size_t dirty_units;                   /* free units of its segments not yet purged */
-  uint32_t purge_due_ms;                /* when the oldest of them is due */
+  uint32_t purge_due_ms;                /* when the oldest of them or of the empty pages is due */
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
@@ -189,10 +198,10 @@ enum {
 
 /* Size -> class, for 0 < size <= HAK_CLASS_MAX_SIZE. */
 HAK_INLINE unsigned hak_class_of(size_t size) {
-  if (size <= 128) return size <= 16 ? 0 : (unsigned)((size - 1) >> 4);
+  if (size <= HAK_CLASS_STEP_MAX) return size <= 16 ? 0 : (unsigned)((size - 1) >> 4);
   size_t s = size - 1;
   unsigned k = 63u - (unsigned)__builtin_clzl(s); /* 2^k <= s < 2^(k+1) */
-  return 8u + (k - 7u) * 8u + (unsigned)((s >> (k - 3)) & 7u);
+  return 16u + (k - 8u) * 4u + (unsigned)((s >> (k - 2)) & 3u);
 }
 
 /* Bits idx .. idx+n-1 of a segment's unit bitmaps (idx + n <= 32). */
@@ -250,6 +259,12 @@ HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
   return (uint64_t)off * magic < magic;
 }
 
+/* The same test for a page found full, whose div_magic is 0 meanwhile. */
+HAK_INLINE bool hak_is_block_start_full(const hak_page_t* page, const void* p) {
+  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)page->start);
+  return (uint64_t)off * page->full_magic < page->full_magic;
+}
+
 /* The start of the block holding p (p may point inside an aligned block). */
 HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
   size_t off = (size_t)((const uint8_t*)p - page->start);
@@ -287,7 +302,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
 }
 
 /* free: check the segment map, mask to the segment, and if this thread owns
- * it and p starts a block of a page not on the full list, push it.
+ * it and p starts a block of a page that is not full, push it.
  * Everything else (NULL, foreign pointers, huge blocks, other threads' blocks,
  * aligned blocks) goes to the slow paths. */
 HAK_INLINE void hak_free_inline(void* p) {
@@ -343,6 +358,7 @@ void hak_segments_usage(hak_usage_t* usage);
 hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size);
 void hak_page_extend(hak_page_t* page);
 void hak_page_retire(hak_heap_t* heap, hak_page_t* page);
+void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms);
 void hak_page_trim(hak_page_t* page);
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size);
 void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page);

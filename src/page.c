@@ -44,15 +44,16 @@ static void seg_remove(hak_segment_t** list, hak_segment_t* seg) {
 
 /* ---- carving -------------------------------------------------------------- */
 
-/* Carves the next batch of blocks onto the free list.  Batches are bounded so
- * that a fresh page is touched (and committed) only as it is used. */
+/* Carves the next blocks onto the free list: those that start on the next OS
+ * page not yet touched (at least one block).  Writing a block's link touches
+ * its page, so a page is committed only when it is about to be used, and a
+ * class never holds more than part of a page carved and unused. */
 void hak_page_extend(hak_page_t* page) {
   uint32_t bs = page->block_size;
-  uint32_t n = page->reserved - page->capacity;
-  uint32_t batch = 4096 / bs; /* measured: 16 KiB cost RSS, saved no instruction */
-  if (batch < 4) batch = 4;
-  if (n > batch) n = batch;
   uint8_t* first = page->start + (size_t)page->capacity * bs;
+  uintptr_t boundary = ((uintptr_t)first & ~(uintptr_t)(HAK_OS_PAGE - 1)) + HAK_OS_PAGE;
+  uint32_t n = (uint32_t)((boundary - (uintptr_t)first + bs - 1) / bs);
+  if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
   uint8_t* b = first;
   for (uint32_t i = 1; i < n; i++, b += bs) ((hak_block_t*)b)->next = (hak_block_t*)(b + bs);
   ((hak_block_t*)b)->next = page->free;
@@ -230,19 +231,19 @@ bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
   return true;
 }
 
-/* An empty page gives its units back to its segment; an empty segment goes
- * back to the segment cache. */
-void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
+/* An empty page gives its units back to its segment, as free units backed
+ * since freed_ms; an empty segment goes back to the segment cache. */
+static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
   hak_assert(page->used == 0);
   hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
   unsigned idx = page->index, n = page->units;
   bool was_full = seg->free_units == 0;
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
   hak_segment_give_units(seg, idx, n);
-  uint32_t now = hak_now_ms();
   seg->dirty_units |= hak_unit_mask(idx, n);
-  for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = now;
-  if (heap->dirty_units == 0) heap->purge_due_ms = now + (uint32_t)hak_policy.purge_delay_ms;
+  for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = freed_ms;
+  if (heap->dirty_units == 0 && heap->empty.first == NULL)
+    heap->purge_due_ms = freed_ms + (uint32_t)hak_policy.purge_delay_ms;
   heap->dirty_units += n;
   if (was_full) {
     seg_remove(&heap->full_segments, seg);
@@ -255,15 +256,33 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
     seg_remove(&heap->segments, seg);
     hak_segment_release(seg);
   }
+}
+
+void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
+  uint32_t now = hak_now_ms();
+  page_release(heap, page, now);
   hak_heap_purge_if_due(heap, now);
 }
 
-/* The purge check of the page-level events (a page retired or made): the
- * free units that have waited the delay, or all of them once there are more
- * than HAK_DIRTY_UNITS_MAX (the delay is only checked on these events, so
- * this bounds what a thread that stops making pages keeps backed). */
+/* When a kept empty page became empty (hak_heap_page_empty notes it in the
+ * segment's unit_freed_ms of its first unit, which is not a free unit). */
+HAK_INLINE uint32_t page_emptied_ms(hak_page_t* page) {
+  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  return seg->unit_freed_ms[page->index];
+}
+
+void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms) {
+  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  seg->unit_freed_ms[page->index] = now_ms;
+}
+
+/* The purge check of the page-level events (a page retired, made or
+ * emptied): the empty pages and free units that have waited the delay, or
+ * all of them once there are more than HAK_DIRTY_UNITS_MAX free units (the
+ * delay is only checked on these events, so this bounds what a thread that
+ * stops making pages keeps backed). */
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
-  if (heap->dirty_units != 0 && hak_policy.purge_delay_ms >= 0) {
+  if ((heap->dirty_units != 0 || heap->empty.first != NULL) && hak_policy.purge_delay_ms >= 0) {
     if (heap->dirty_units > HAK_DIRTY_UNITS_MAX)
       hak_heap_purge(heap, now_ms, true);
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
@@ -272,14 +291,27 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
   hak_segment_cache_purge(now_ms, false);
 }
 
-/* Gives back the memory of the free units of the heap's segments that have
- * stayed free for the purge delay (all of them if all), one madvise per run
- * of units, and notes when the next is due. */
+/* Gives back the memory of the empty pages and of the free units of the
+ * heap's segments that have stayed so for the purge delay (all of them if
+ * all), one madvise per run of units, and notes when the next is due.  An
+ * empty page kept for reuse but not reused within the delay is retired first,
+ * its units counted free since it emptied, so they go in the same pass. */
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
   size_t left = 0;
   int32_t delay = hak_policy.purge_delay_ms;
   all = all || delay == 0;
   uint32_t due = now_ms + (uint32_t)delay;
+  while (heap->empty.last != NULL) { /* oldest last */
+    hak_page_t* page = heap->empty.last;
+    uint32_t emptied = page_emptied_ms(page);
+    if (!all && (delay < 0 || (int32_t)(now_ms - emptied - (uint32_t)delay) < 0)) {
+      if (delay >= 0) due = emptied + (uint32_t)delay;
+      break;
+    }
+    hak_queue_remove(&heap->empty, page);
+    heap->empty_units -= page->units;
+    page_release(heap, page, emptied);
+  }
   for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
     uint32_t old = 0;
     for (uint32_t dirty = seg->dirty_units; dirty != 0; dirty &= dirty - 1) {

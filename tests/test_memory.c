@@ -3,7 +3,8 @@
  * Each mechanism of the memory layer, watched through its counters, RSS and
  * mallinfo2: free units purged once the purge delay has passed (and not
  * before), at once with HAKMEM_PURGE_DELAY_MS=0 and never with -1; live
- * blocks intact through all of it; empty pages of one class reused by
+ * blocks intact through all of it; empty pages kept for reuse given back
+ * after the delay too; empty pages of one class reused by
  * another before anything new is mapped; free segments reused; huge blocks
  * cached (no mmap per cycle) and unmapped after their time; malloc_trim(0)
  * giving everything back at once; mallinfo2 within 5% of the live bytes;
@@ -80,13 +81,20 @@ static void free_all(void** blocks, size_t n) {
 enum { MAXB = 1 << 16 };
 static void* blocks[MAXB];
 
-/* A page-level event (a page made): the purge delay is checked on these. */
+/* A page-level event (a page made: a large block, which has a page of its
+ * own): the purge delay is checked on these. */
 static void page_event(void) {
-  static size_t size = 96 * 1024;
-  void* p[4];
-  for (int i = 0; i < 4; i++) p[i] = malloc(size);
-  for (int i = 0; i < 4; i++) free(p[i]);
-  size += 8 * 1024;
+  void* p = malloc(256 * 1024);
+  REQUIRE(p != NULL);
+  free(p);
+}
+
+/* Units held by the heap's kept empty pages of class cls. */
+static size_t empty_units_of(hak_heap_t* heap, unsigned cls) {
+  size_t n = 0;
+  for (hak_page_t* page = heap->empty.first; page != NULL; page = page->next)
+    if (page->cls == cls) n += page->units;
+  return n;
 }
 
 /* 24 MiB of 16 KiB blocks freed: what is purged at once, after the delay,
@@ -110,6 +118,28 @@ static void test_purge_delay(void) {
     sleep_ms(delay + 30);
     page_event();
     CHECK(C(purged_bytes) - purged0 >= 20 * MIB);
+  }
+  CHECK(live_intact());
+}
+
+/* Empty pages a heap keeps for reuse are given back once they have not been
+ * reused for the purge delay (never with -1, at the next page event with 0). */
+static void test_empty_pages_age(void) {
+  int delay = hak_policy.purge_delay_ms;
+  hak_heap_t* heap = hak_tls_heap;
+  unsigned cls = hak_class_of(4000);
+  void* p[48];
+  for (int i = 0; i < 48; i++) REQUIRE((p[i] = malloc(4000)) != NULL); /* 3 pages */
+  for (int i = 0; i < 48; i++) free(p[i]);
+  CHECK(empty_units_of(heap, cls) >= 1 || delay == 0); /* all but the class's current page */
+  size_t purged0 = C(purged_bytes);
+  if (delay > 0) sleep_ms(delay + 30);
+  page_event();
+  if (delay < 0) {
+    CHECK(empty_units_of(heap, cls) >= 1);
+  } else {
+    CHECK(empty_units_of(heap, cls) == 0);
+    CHECK(C(purged_bytes) - purged0 >= HAK_UNIT_SIZE);
   }
   CHECK(live_intact());
 }
@@ -356,6 +386,7 @@ int main(int argc, char** argv) {
   live_make();
   test_purge_delay();
   test_reuse();
+  test_empty_pages_age();
   test_huge_cache();
   test_huge_tails();
   test_realloc_in_place();

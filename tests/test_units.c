@@ -23,7 +23,8 @@ static void test_size_classes(void) {
     size_t bs = hak_class_size[c];
     if (c >= HAK_CLASSES || bs < n) bad++;
     if (c > 0 && hak_class_size[c - 1] >= n) bad++;          /* the smallest class that fits */
-    if (n > 128 && (bs - n) * 8 > n) bad++;                    /* waste under 12.5% */
+    if (n <= HAK_CLASS_STEP_MAX && bs - n >= 16) bad++;         /* 16-byte steps */
+    if (n > HAK_CLASS_STEP_MAX && (bs - n) * 5 > bs) bad++;     /* waste at most 1/5 */
   }
   CHECK(bad == 0);
   /* The heap's direct table (what malloc reads for sizes up to 1 KiB) points

@@ -142,6 +142,17 @@ static inline size_t hak_rss_bytes(void) {
   return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
 }
 
+/* The peak resident set of the process (VmHWM), in bytes; 0 if unknown. */
+static inline size_t hak_peak_rss_bytes(void) {
+  FILE* f = fopen("/proc/self/status", "r");
+  char line[256];
+  unsigned long kib = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %lu kB", &kib) == 1) break;
+  if (f) fclose(f);
+  return (size_t)kib << 10;
+}
+
 /* Every test runs on hakmem; a throwaway build against glibc (to check the
  * tests themselves) defines HAK_TEST_ALLOW_GLIBC to turn this into a note.
  * With HAK_TEST_STATIC (libhakmem.a linked into the program) the symbols

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Thread churn (10,000 threads, each leaving blocks behind): hakmem's peak
+RSS must be no higher than glibc's.  Runs one build of test_thread_churn.c
+that is not linked with hakmem, on glibc and with libhakmem.so preloaded,
+interleaved, RUNS times each, and compares the medians of the peak RSS each
+run reports (VmHWM).  Also checks that each run used the allocator meant:
+the program notes on stderr when malloc does not resolve into hakmem.
+
+usage: check_churn_rss.py THREAD_CHURN_PLAIN LIBHAKMEM_SO
+"""
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+RUNS = 3
+
+
+def run(prog, preload):
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if preload:
+        env["LD_PRELOAD"] = preload
+    p = subprocess.run([prog], env=env, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        sys.exit("FAIL: %s (%s) exited %d:\n%s%s" % (prog, "hakmem" if preload else "glibc",
+                                                    p.returncode, p.stdout, p.stderr))
+    on_hakmem = "not hakmem" not in p.stderr
+    if on_hakmem != bool(preload):
+        sys.exit("FAIL: the %s run did not use the allocator meant:\n%s"
+                 % ("hakmem" if preload else "glibc", p.stderr))
+    m = re.search(r"peak_rss_kib=(\d+)", p.stdout)
+    if not m:
+        sys.exit("FAIL: no peak_rss_kib in the output:\n" + p.stdout)
+    return int(m.group(1))
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    prog, lib = sys.argv[1], os.path.abspath(sys.argv[2])
+    glibc, hakmem = [], []
+    for _ in range(RUNS):
+        glibc.append(run(prog, None))
+        hakmem.append(run(prog, lib))
+    g, h = statistics.median(glibc), statistics.median(hakmem)
+    print("thread churn peak RSS, KiB: glibc %s (median %d), hakmem %s (median %d): %.2fx"
+          % (glibc, g, hakmem, h, h / g))
+    if h > g:
+        print("FAIL: hakmem's peak RSS is above glibc's")
+        return 1
+    print("check_churn_rss: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
