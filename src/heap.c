@@ -142,7 +142,7 @@ static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
   if (page->cls != HAK_CLASS_LARGE) hak_queue_remove(&heap->queue[page->cls], page);
   uint32_t now = hak_now_ms();
   if (heap->dirty_units == 0 && heap->empty.first == NULL)
-    heap->purge_due_ms = now + (uint32_t)hak_policy.purge_delay_ms;
+    heap->purge_due_ms = now + (uint32_t)HAK_POLICY(purge_delay_ms);
   hak_page_mark_emptied(page, now);
   hak_queue_push_front(&heap->empty, page);
   heap->empty_units += page->units;
@@ -305,7 +305,7 @@ static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
   memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
   hak_heap_flush_empty(heap);
   hak_heap_purge(heap, hak_now_ms(),
-                 hak_policy.purge_delay_ms >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
+                 HAK_POLICY(purge_delay_ms) >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
 }
 
 /* Frees that reached abandoned heaps are collected whenever a thread ends.

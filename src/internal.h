@@ -155,7 +155,9 @@ _Static_assert(offsetof(hak_segment_t, pages) == 64, "descriptors are cache-line
 
 /* ---- configuration (policy.c) ------------------------------------------- */
 
-/* The options, read once at start (docs/CONFIG.md).  Slow paths only. */
+/* The options (docs/CONFIG.md), read from the environment once, at start,
+ * into an immutable snapshot; hak_option_set publishes a new one.  Slow paths
+ * read the current snapshot through hak_policy(); no fast path reads it. */
 enum { HAK_PURGE_DONTNEED = 0, HAK_PURGE_FREE = 1 };
 enum { HAK_THP_SYSTEM = 0, HAK_THP_ON = 1, HAK_THP_OFF = 2 };
 typedef struct hak_policy_s {
@@ -168,7 +170,13 @@ typedef struct hak_policy_s {
   int32_t stats;      /* print counters at exit */
   int32_t verbose;    /* print the configuration at start */
 } hak_policy_t;
-extern hak_policy_t hak_policy;
+extern _Atomic(const hak_policy_t*) hak_policy_now;
+HAK_INLINE const hak_policy_t* hak_policy(void) {
+  return atomic_load_explicit(&hak_policy_now, memory_order_acquire);
+}
+/* One field of the current snapshot.  Fields are read and written as relaxed
+ * atomics: a snapshot's slot is reused after many publications (policy.c). */
+#define HAK_POLICY(field) __atomic_load_n(&hak_policy()->field, __ATOMIC_RELAXED)
 void hak_policy_init(void);
 void hak_policy_print_table(int fd);
 

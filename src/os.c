@@ -45,7 +45,7 @@ void* hak_os_map_aligned(size_t size, size_t align, size_t skew) {
 void hak_os_purge(void* p, size_t size) {
   if (size == 0) return;
   int saved = errno;
-  if (hak_policy.purge_mode != HAK_PURGE_FREE || madvise(p, size, MADV_FREE) != 0)
+  if (HAK_POLICY(purge_mode) != HAK_PURGE_FREE || madvise(p, size, MADV_FREE) != 0)
     madvise(p, size, MADV_DONTNEED); /* also where the kernel lacks MADV_FREE */
   errno = saved;
   hak_count(madvise_calls, 1);
@@ -54,7 +54,7 @@ void hak_os_purge(void* p, size_t size) {
 
 /* Applies HAKMEM_THP to a fresh mapping of segments or a huge block. */
 void hak_os_thp(void* p, size_t size) {
-  int advice = hak_policy.thp == HAK_THP_ON ? MADV_HUGEPAGE : hak_policy.thp == HAK_THP_OFF ? MADV_NOHUGEPAGE : 0;
+  int advice = HAK_POLICY(thp) == HAK_THP_ON ? MADV_HUGEPAGE : HAK_POLICY(thp) == HAK_THP_OFF ? MADV_NOHUGEPAGE : 0;
   if (advice == 0) return;
   int saved = errno;
   madvise(p, size, advice);

@@ -198,7 +198,7 @@ void hak_page_trim(hak_page_t* page) {
   while (top > 0 && (is_free[(top - 1) / 64] >> ((top - 1) % 64) & 1)) top--;
   uintptr_t from = ((uintptr_t)page->start + (size_t)top * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
   uintptr_t to = ((uintptr_t)page->start + (size_t)cap * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
-  if (from < to && hak_policy.purge_delay_ms >= 0) { /* -1: nothing is purged but by malloc_trim */
+  if (from < to && HAK_POLICY(purge_delay_ms) >= 0) { /* -1: nothing is purged but by malloc_trim */
     cap = top;
     hak_os_purge((void*)from, to - from);
   }
@@ -243,7 +243,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   seg->dirty_units |= hak_unit_mask(idx, n);
   for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = freed_ms;
   if (heap->dirty_units == 0 && heap->empty.first == NULL)
-    heap->purge_due_ms = freed_ms + (uint32_t)hak_policy.purge_delay_ms;
+    heap->purge_due_ms = freed_ms + (uint32_t)HAK_POLICY(purge_delay_ms);
   heap->dirty_units += n;
   if (was_full) {
     seg_remove(&heap->full_segments, seg);
@@ -282,7 +282,7 @@ void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms) {
  * delay is only checked on these events, so this bounds what a thread that
  * stops making pages keeps backed). */
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
-  if ((heap->dirty_units != 0 || heap->empty.first != NULL) && hak_policy.purge_delay_ms >= 0) {
+  if ((heap->dirty_units != 0 || heap->empty.first != NULL) && HAK_POLICY(purge_delay_ms) >= 0) {
     if (heap->dirty_units > HAK_DIRTY_UNITS_MAX)
       hak_heap_purge(heap, now_ms, true);
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
@@ -298,7 +298,7 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
  * its units counted free since it emptied, so they go in the same pass. */
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
   size_t left = 0;
-  int32_t delay = hak_policy.purge_delay_ms;
+  int32_t delay = HAK_POLICY(purge_delay_ms);
   all = all || delay == 0;
   uint32_t due = now_ms + (uint32_t)delay;
   while (heap->empty.last != NULL) { /* oldest last */

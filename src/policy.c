@@ -1,7 +1,10 @@
 /* Configuration: every option in one table, read from the environment once,
- * at start, into hak_policy, the snapshot the slow paths read.  No option is
- * looked up anywhere else, and none on a fast path.  Runs before the heap is
- * usable, so nothing here allocates. */
+ * at start, into an immutable policy snapshot that the slow paths read;
+ * hak_option_set publishes a new snapshot.  No option is looked up anywhere
+ * else, and none on a fast path.  Runs before the heap is usable, so nothing
+ * here allocates. */
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,34 +13,44 @@
 
 extern char** environ;
 
-hak_policy_t hak_policy;
+/* Snapshots are published in turn from a ring and never freed: a slot is
+ * rewritten only after HAK_POLICY_RING - 1 later publications, so the
+ * snapshot a slow path holds stays whole while it runs.  Fields are read and
+ * written as relaxed atomics: a reader asleep through all those publications
+ * would read fields of two snapshots, each in its range. */
+#define HAK_POLICY_RING 16
+static hak_policy_t snapshots[HAK_POLICY_RING];
+static unsigned snapshot_count; /* publications so far */
+static pthread_mutex_t publish_lock = PTHREAD_MUTEX_INITIALIZER;
+_Atomic(const hak_policy_t*) hak_policy_now = &snapshots[0];
 
 /* An option: HAKMEM_<name>, an integer in [min, max] or one of its names
  * (names[i] stands for min + i). */
 typedef struct hak_option_s {
   const char* name;
-  int32_t* field;
+  size_t offset; /* of its field in hak_policy_t */
   int32_t def, min, max;
   const char* const* names;
   const char* description;
 } hak_option_t;
 
+#define FIELD(f) offsetof(hak_policy_t, f)
 static const char* const purge_names[] = {"dontneed", "free", NULL};
 static const char* const thp_names[] = {"system", "on", "off", NULL};
 static const char* const bool_names[] = {"off", "on", NULL};
 
 static const hak_option_t options[] = {
-    {"PURGE_DELAY_MS", &hak_policy.purge_delay_ms, 100, -1, 3600000, NULL,
+    {"PURGE_DELAY_MS", FIELD(purge_delay_ms), 100, -1, 3600000, NULL,
      "milliseconds a free 64 KiB unit stays backed before its memory is given back; 0: at once; "
      "-1: never (malloc_trim still does)"},
-    {"PURGE", &hak_policy.purge_mode, HAK_PURGE_DONTNEED, 0, 1, purge_names,
+    {"PURGE", FIELD(purge_mode), HAK_PURGE_DONTNEED, 0, 1, purge_names,
      "how memory is given back: dontneed (MADV_DONTNEED: RSS falls at once) or free (MADV_FREE: "
      "the kernel takes the pages when it needs memory)"},
-    {"THP", &hak_policy.thp, HAK_THP_SYSTEM, 0, 2, thp_names,
+    {"THP", FIELD(thp), HAK_THP_SYSTEM, 0, 2, thp_names,
      "transparent huge pages for segments and huge blocks: system (the kernel's setting), "
      "on (MADV_HUGEPAGE), off (MADV_NOHUGEPAGE)"},
-    {"STATS", &hak_policy.stats, 0, 0, 1, bool_names, "print a line of counters on stderr at exit"},
-    {"VERBOSE", &hak_policy.verbose, 0, 0, 1, bool_names, "print the effective configuration on stderr at start"},
+    {"STATS", FIELD(stats), 0, 0, 1, bool_names, "print a line of counters on stderr at exit"},
+    {"VERBOSE", FIELD(verbose), 0, 0, 1, bool_names, "print the effective configuration on stderr at start"},
 };
 #define OPTION_COUNT (sizeof options / sizeof options[0])
 
@@ -72,10 +85,18 @@ static void format_value(const hak_option_t* opt, int32_t v, char* out, size_t c
     snprintf(out, cap, "%d", (int)v);
 }
 
-static void print_policy(void) {
+static int32_t* option_field(hak_policy_t* policy, const hak_option_t* opt) {
+  return (int32_t*)((char*)policy + opt->offset);
+}
+
+static int32_t option_value(const hak_policy_t* policy, const hak_option_t* opt) {
+  return __atomic_load_n((const int32_t*)((const char*)policy + opt->offset), __ATOMIC_RELAXED);
+}
+
+static void print_policy(const hak_policy_t* policy) {
   char buf[256], value[32];
   for (size_t i = 0; i < OPTION_COUNT; i++) {
-    format_value(&options[i], *options[i].field, value, sizeof value);
+    format_value(&options[i], option_value(policy, &options[i]), value, sizeof value);
     snprintf(buf, sizeof buf, "hakmem: HAKMEM_%s=%s\n", options[i].name, value);
     hak_write_stderr(buf);
   }
@@ -99,26 +120,64 @@ void hak_policy_print_table(int fd) {
   }
 }
 
+/* The option called name (with or without the HAKMEM_ prefix; len bytes). */
+static const hak_option_t* option_find(const char* name, size_t len) {
+  if (len > 7 && strncmp(name, "HAKMEM_", 7) == 0) {
+    name += 7;
+    len -= 7;
+  }
+  for (size_t i = 0; i < OPTION_COUNT; i++)
+    if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0) return &options[i];
+  return NULL;
+}
+
+/* Publishes a copy of the current snapshot with one option changed. */
+static void publish(const hak_option_t* opt, int32_t value) {
+  pthread_mutex_lock(&publish_lock);
+  const hak_policy_t* now = hak_policy();
+  hak_policy_t* next = &snapshots[++snapshot_count % HAK_POLICY_RING];
+  for (size_t i = 0; i < OPTION_COUNT; i++) {
+    int32_t v = &options[i] == opt ? value : option_value(now, &options[i]);
+    __atomic_store_n(option_field(next, &options[i]), v, __ATOMIC_RELAXED);
+  }
+  atomic_store_explicit(&hak_policy_now, next, memory_order_release);
+  pthread_mutex_unlock(&publish_lock);
+}
+
 void hak_policy_init(void) {
-  for (size_t i = 0; i < OPTION_COUNT; i++) *options[i].field = options[i].def;
-  if (environ == NULL) return;
-  for (char** env = environ; *env != NULL; env++) {
+  hak_policy_t* policy = &snapshots[0];
+  for (size_t i = 0; i < OPTION_COUNT; i++) *option_field(policy, &options[i]) = options[i].def;
+  for (char** env = environ; env != NULL && *env != NULL; env++) {
     const char* var = *env;
     if (strncmp(var, "HAKMEM_", 7) != 0) continue;
-    const char* name = var + 7;
-    const char* eq = strchr(name, '=');
+    const char* eq = strchr(var, '=');
     if (eq == NULL) continue;
-    size_t len = (size_t)(eq - name);
-    const hak_option_t* opt = NULL;
-    for (size_t i = 0; i < OPTION_COUNT; i++)
-      if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0) opt = &options[i];
+    const hak_option_t* opt = option_find(var, (size_t)(eq - var));
     int32_t v;
     if (opt == NULL)
       warn("unknown option", var);
     else if (!option_parse(opt, eq + 1, &v))
       warn("invalid value", var);
     else
-      *opt->field = v;
+      *option_field(policy, opt) = v;
   }
-  if (hak_policy.verbose) print_policy();
+  atomic_store_explicit(&hak_policy_now, policy, memory_order_release);
+  if (policy->verbose) print_policy(policy);
+}
+
+HAK_API int hak_option_get(const char* name, long* value) {
+  hak_process_init();
+  const hak_option_t* opt = name ? option_find(name, strlen(name)) : NULL;
+  if (opt == NULL || value == NULL) return EINVAL;
+  *value = option_value(hak_policy(), opt);
+  return 0;
+}
+
+HAK_API int hak_option_set(const char* name, long value) {
+  hak_process_init();
+  const hak_option_t* opt = name ? option_find(name, strlen(name)) : NULL;
+  if (opt == NULL) return EINVAL;
+  if (value < opt->min || value > opt->max) return ERANGE;
+  publish(opt, (int32_t)value);
+  return 0;
 }

@@ -96,7 +96,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
   /* A purged header reads as zero only after MADV_DONTNEED, not MADV_FREE. */
-  if (dirty || hak_policy.purge_mode != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
+  if (dirty || HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
   seg->kind = HAK_SEG_NORMAL;
   seg->free_units = HAK_SEG_ALL_FREE;
   seg->dirty_units = 0;
@@ -111,7 +111,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
 }
 
 static bool purge_due(uint32_t freed_ms, uint32_t now_ms) {
-  return hak_policy.purge_delay_ms >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)hak_policy.purge_delay_ms) >= 0;
+  return HAK_POLICY(purge_delay_ms) >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)HAK_POLICY(purge_delay_ms)) >= 0;
 }
 
 static void cache_clean_push(hak_segment_t* seg) {
@@ -127,7 +127,7 @@ static void cache_clean_push(hak_segment_t* seg) {
  * is off.  Cheap when nothing is due: one unlocked load. */
 void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   size_t count = atomic_load_explicit(&cache_dirty_count, memory_order_relaxed);
-  if (count == 0 || (!all && hak_policy.purge_delay_ms < 0)) return;
+  if (count == 0 || (!all && HAK_POLICY(purge_delay_ms) < 0)) return;
   if (!all && count <= HAK_SEGMENT_DIRTY_KEEP &&
       !purge_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms))
     return;
@@ -135,7 +135,7 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   pthread_mutex_lock(&segment_lock);
   size_t kept = 0;
   for (hak_segment_t **link = &cache_dirty, *seg; (seg = *link) != NULL;) {
-    bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && hak_policy.purge_delay_ms >= 0;
+    bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && HAK_POLICY(purge_delay_ms) >= 0;
     if (all || over || purge_due(seg->unit_freed_ms[0], now_ms)) {
       *link = seg->next;
       seg->next = purge;
@@ -162,7 +162,7 @@ void hak_segment_release(hak_segment_t* seg) {
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
   atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
   uint32_t now = hak_now_ms();
-  if (hak_policy.purge_delay_ms == 0) {
+  if (HAK_POLICY(purge_delay_ms) == 0) {
     cache_clean_push(seg);
     return;
   }

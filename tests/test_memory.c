@@ -100,7 +100,7 @@ static size_t empty_units_of(hak_heap_t* heap, unsigned cls) {
 /* 24 MiB of 16 KiB blocks freed: what is purged at once, after the delay,
  * and never, depending on HAKMEM_PURGE_DELAY_MS; live blocks stay intact. */
 static void test_purge_delay(void) {
-  int delay = hak_policy.purge_delay_ms;
+  int delay = HAK_POLICY(purge_delay_ms);
   size_t n = fill(blocks, MAXB, 16 * 1024, 24 * MIB);
   size_t purged0 = C(purged_bytes);
   uint32_t freed_ms = hak_now_ms();
@@ -125,7 +125,7 @@ static void test_purge_delay(void) {
 /* Empty pages a heap keeps for reuse are given back once they have not been
  * reused for the purge delay (never with -1, at the next page event with 0). */
 static void test_empty_pages_age(void) {
-  int delay = hak_policy.purge_delay_ms;
+  int delay = HAK_POLICY(purge_delay_ms);
   hak_heap_t* heap = hak_tls_heap;
   unsigned cls = hak_class_of(4000);
   void* p[48];
@@ -257,7 +257,7 @@ static void test_realloc_in_place(void) {
  * counted until the kernel needs them, and a huge page partly given back
  * stays whole until the kernel splits it. */
 static void test_trim(void) {
-  bool rss_exact = hak_policy.purge_mode == HAK_PURGE_DONTNEED && hak_policy.thp != HAK_THP_ON;
+  bool rss_exact = HAK_POLICY(purge_mode) == HAK_PURGE_DONTNEED && HAK_POLICY(thp) != HAK_THP_ON;
   malloc_trim(0);
   size_t base = hak_rss_bytes();
   size_t purged0 = C(purged_bytes);
@@ -327,9 +327,9 @@ static void test_thp(void) {
   fclose(f);
   free(p);
   CHECK(hg >= 0);
-  if (hak_policy.thp == HAK_THP_ON) CHECK(hg == 1 && nh == 0);
-  if (hak_policy.thp == HAK_THP_OFF) CHECK(nh == 1 && hg == 0);
-  if (hak_policy.thp == HAK_THP_SYSTEM) CHECK(hg == 0 && nh == 0);
+  if (HAK_POLICY(thp) == HAK_THP_ON) CHECK(hg == 1 && nh == 0);
+  if (HAK_POLICY(thp) == HAK_THP_OFF) CHECK(nh == 1 && hg == 0);
+  if (HAK_POLICY(thp) == HAK_THP_SYSTEM) CHECK(hg == 0 && nh == 0);
 }
 
 /* Runs this program with extra environment and returns its stdout+stderr. */
@@ -379,8 +379,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "--print-policy") == 0) {
-    printf("purge_delay_ms=%d purge_mode=%d thp=%d\n", hak_policy.purge_delay_ms, hak_policy.purge_mode,
-           hak_policy.thp);
+    printf("purge_delay_ms=%d purge_mode=%d thp=%d\n", HAK_POLICY(purge_delay_ms), HAK_POLICY(purge_mode),
+           HAK_POLICY(thp));
     return 0;
   }
   live_make();
@@ -393,7 +393,7 @@ int main(int argc, char** argv) {
   test_trim();
   test_mallinfo();
   test_thp();
-  if (hak_policy.purge_delay_ms == 100 && hak_policy.thp == HAK_THP_SYSTEM) test_option_warnings();
+  if (HAK_POLICY(purge_delay_ms) == 100 && HAK_POLICY(thp) == HAK_THP_SYSTEM) test_option_warnings();
   for (int i = 0; i < LIVE; i++) free(live[i]);
   return hak_test_result("test_memory");
 }
