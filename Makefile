@@ -4,7 +4,7 @@
 CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 JOBS ?= 2
 
-.PHONY: all release debug ubsan tsan clang test test-release test-debug test-ubsan test-tsan test-clang deps clean
+.PHONY: all release debug observe ubsan tsan clang test test-release test-debug test-observe test-ubsan test-tsan test-clang deps clean
 
 all: release
 
@@ -15,6 +15,12 @@ release:
 debug:
 	cmake -S . -B build-debug $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DHAK_DEBUG=ON >/dev/null
 	cmake --build build-debug -j $(JOBS)
+
+# The observing build: per-operation counters in the statistics
+# (build-observe/libhakmem.so; HAKMEM_STATS=on shows them).
+observe:
+	cmake -S . -B build-observe $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DHAK_OBSERVE=ON >/dev/null
+	cmake --build build-observe -j $(JOBS)
 
 ubsan:
 	cmake -S . -B build-ubsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHAK_SANITIZE=undefined >/dev/null
@@ -32,15 +38,19 @@ deps:
 	bash scripts/install-deps.sh test
 
 # Release (gcc and clang) and debug run the whole suite; UBSan the whole suite
-# too; TSan the multi-thread tests through the hak_* API (label "tsan").
+# too; TSan the multi-thread tests through the hak_* API (label "tsan"); the
+# observing build the statistics tests (label "observe").
 test: deps
-	$(MAKE) test-release test-clang test-debug test-ubsan test-tsan
+	$(MAKE) test-release test-clang test-debug test-observe test-ubsan test-tsan
 
 test-release: release
 	cd build && ctest --output-on-failure -j $(JOBS)
 
 test-debug: debug
 	cd build-debug && ctest --output-on-failure -j $(JOBS)
+
+test-observe: observe
+	cd build-observe && ctest --output-on-failure -j $(JOBS) -L observe
 
 test-ubsan: ubsan
 	cd build-ubsan && ctest --output-on-failure -j $(JOBS) -L ubsan
@@ -52,7 +62,7 @@ test-clang: clang
 	cd build-clang && ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf build build-debug build-ubsan build-tsan build-clang
+	rm -rf build build-debug build-observe build-ubsan build-tsan build-clang
 
 # Benchmarks (bench/): hakmem side by side with its peers, same binaries via
 # LD_PRELOAD, interleaved.

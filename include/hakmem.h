@@ -8,6 +8,7 @@
 #define HAKMEM_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +31,50 @@ size_t hak_usable_size(const void* ptr);
  * for every thread. */
 int hak_option_get(const char* name, long* value);
 int hak_option_set(const char* name, long value);
+
+/* Statistics (docs/CONFIG.md: HAKMEM_STATS, and how to read them).
+ * Counters run from start or from the last hak_stats_reset; the other
+ * figures are as they are now.  A snapshot: other threads may be allocating
+ * while it is taken. */
+#define HAK_STATS_CLASSES 53 /* 52 size classes, then the large blocks (128 KiB - 1 MiB) */
+typedef struct hak_class_stats_s {
+  size_t block_size;   /* 0 for the large blocks */
+  size_t live_blocks;  /* handed out now */
+  size_t pages;        /* pages holding the class now */
+  size_t refills;      /* pages made or reused for it (counter) */
+  size_t retires;      /* pages of it given back to their segment (counter) */
+  /* Counted only by the observing build (make observe; hak_stats_t.observed): */
+  size_t remote_frees; /* blocks freed by another thread than the owner's */
+  size_t alloc_current, alloc_partial, alloc_refill; /* mallocs from the current page, another page, a new one */
+  size_t free_current, free_partial, free_empty, free_remote; /* frees to the current page, another
+                            page, that emptied a page, to another thread's heap */
+} hak_class_stats_t;
+
+typedef struct hak_stats_s {
+  int observed;                /* per-operation counters were kept */
+  size_t mmap_calls, munmap_calls, madvise_calls, mremap_calls; /* counters */
+  size_t purged_bytes;         /* given back with madvise (counter) */
+  size_t reserved_bytes;       /* address space mapped now */
+  size_t committed_bytes;      /* of it, in use or kept backed now (an upper bound of hakmem's RSS) */
+  size_t peak_committed_bytes; /* the most committed at once */
+  size_t live_bytes;           /* in blocks handed out (their block sizes) and huge mappings */
+  size_t huge_allocs;          /* huge mappings made (counter) */
+  size_t huge_live, huge_live_bytes;
+  size_t segments, cached_segments, heaps;
+  size_t remote_frees;         /* blocks freed by another thread than the owner's, collected (counter) */
+  size_t lookup_failures;      /* pointers passed to free or malloc_usable_size that hakmem
+                                  does not own (counter) */
+  size_t rss_bytes, peak_rss_bytes;   /* the whole process's */
+  size_t minor_faults, major_faults;  /* the whole process's (counters) */
+  hak_class_stats_t classes[HAK_STATS_CLASSES];
+} hak_stats_t;
+
+void hak_stats_get(hak_stats_t* stats);
+void hak_stats_reset(void);
+/* The readable report (the one HAKMEM_STATS=on prints at exit) on out. */
+void hak_stats_print(FILE* out);
+/* The same as JSON into a file; 0 on success, -1 with errno set. */
+int hak_stats_write_json(const char* path);
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,10 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
 /* Bytes usable at p: to the end of its block. */
 size_t hak_usable(const void* p) {
   hak_segment_t* seg = hak_segment_lookup(p);
-  if (seg == NULL) return 0;
+  if (seg == NULL) {
+    if (p != NULL) hak_count(lookup_failures, 1);
+    return 0;
+  }
   if (seg->kind == HAK_SEG_HUGE) return hak_huge_usable(seg, p);
   hak_page_t* page = hak_page_of(seg, p);
   if (page->units == 0) return 0;

@@ -29,6 +29,7 @@ __thread hak_heap_t* hak_tls_heap = &hak_heap_empty;
 static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 static hak_heap_t* abandoned_pool; /* heaps of exited threads still holding segments */
 static hak_heap_t* spare_pool;     /* heaps holding nothing */
+static hak_heap_t* all_heaps;      /* every heap made, for statistics (never freed) */
 static uint8_t* heap_chunk_next;   /* heap structures are carved from OS chunks */
 static uint8_t* heap_chunk_end;
 
@@ -88,6 +89,10 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
       return NULL;
     }
     hak_queue_push_front(q, page);
+    hak_stat_add(heap->stats.refills[cls], 1);
+    HAK_OBSERVE_ADD(heap->stats.alloc_refill[cls]);
+  } else {
+    HAK_OBSERVE_ADD(heap->stats.alloc_partial[cls]);
   }
   if (heap->current[cls] != page) hak_heap_set_current(heap, cls);
   hak_block_t* b = page->free;
@@ -103,6 +108,8 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
+  hak_stat_add(heap->stats.refills[HAK_CLASSES], 1);
+  HAK_OBSERVE_ADD(heap->stats.alloc_refill[HAK_CLASSES]);
   hak_block_t* b = page->free;
   page->free = NULL;
   page->used = 1;
@@ -156,6 +163,7 @@ static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
 }
 
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
+  HAK_OBSERVE_ADD(heap->stats.free_empty[hak_stat_class(page)]);
   if (page->cls != HAK_CLASS_LARGE && heap->current[page->cls] == page) return;
   heap_keep_empty(heap, page);
 }
@@ -187,7 +195,10 @@ void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
 void hak_free_special(void* p) {
   if (p == NULL) return;
   hak_segment_t* seg = hak_segment_lookup(p);
-  if (seg == NULL) hak_fatal("free of a pointer not allocated by hakmem", p);
+  if (seg == NULL) {
+    hak_count(lookup_failures, 1);
+    hak_fatal("free of a pointer not allocated by hakmem", p);
+  }
   hak_free_slow(seg, hak_page_of(seg, p), p);
 }
 
@@ -201,6 +212,7 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (owner == NULL || page->units == 0 || (uint8_t*)p < page->start)
     hak_fatal("free of an invalid pointer (not a block)", p);
   if (owner == hak_tls_heap && page->in_full && hak_is_block_start_full(page, p)) {
+    HAK_OBSERVE_ADD(owner->stats.free_partial[page->cls]);
     hak_heap_free_local(owner, page, (hak_block_t*)p); /* the common slow free */
     return;
   }
@@ -208,10 +220,17 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   hak_block_t* b = hak_is_block_start(page, p) ? (hak_block_t*)p : hak_block_start(page, p);
   if ((void*)b != p && !__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED))
     hak_fatal("free of an invalid pointer (inside a block)", p);
-  if (owner == hak_tls_heap)
+  if (owner == hak_tls_heap) {
+    HAK_OBSERVE_ADD(owner->stats.free_partial[hak_stat_class(page)]);
     hak_heap_free_local(owner, page, b);
-  else
+  } else {
+#if HAK_OBSERVE
+    hak_heap_t* self = hak_tls_heap;
+    if (self->kind == HAK_HEAP_THREAD)
+      HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
+#endif
     hak_remote_push(owner, b);
+  }
 }
 
 /* ---- heap life -------------------------------------------------------------- */
@@ -227,6 +246,8 @@ static hak_heap_t* heap_new_locked(void) {
   }
   hak_heap_t* heap = (hak_heap_t*)heap_chunk_next;
   heap_chunk_next += size;
+  heap->all_next = all_heaps;
+  all_heaps = heap;
   hak_count(heaps, 1);
   return heap;
 }
@@ -385,6 +406,15 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   spare_pool = from;
   pthread_mutex_unlock(&heaps_lock);
   return true;
+}
+
+/* Calls fn on every heap made and on the global heap, under the heaps lock
+ * (their owners may be running: what fn reads is a snapshot). */
+void hak_heaps_each(void (*fn)(hak_heap_t* heap, void* arg), void* arg) {
+  pthread_mutex_lock(&heaps_lock);
+  fn(&hak_heap_global, arg);
+  for (hak_heap_t* h = all_heaps; h != NULL; h = h->all_next) fn(h, arg);
+  pthread_mutex_unlock(&heaps_lock);
 }
 
 /* ---- trim ------------------------------------------------------------------ */

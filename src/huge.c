@@ -97,6 +97,14 @@ static int huge_cache_oldest(void) {
   return oldest;
 }
 
+/* Bytes of the mappings cached (statistics). */
+size_t hak_huge_cached_bytes(void) {
+  pthread_mutex_lock(&huge_lock);
+  size_t bytes = huge_cache_bytes;
+  pthread_mutex_unlock(&huge_lock);
+  return bytes;
+}
+
 /* Unmaps every cached mapping (malloc_trim). */
 void hak_huge_cache_flush(void) {
   hak_segment_t* cached[HUGE_CACHE_SLOTS];
@@ -158,6 +166,7 @@ static void huge_map(hak_segment_t* seg, bool on) {
   if (on) {
     hak_count(huge_live, 1);
     hak_count(huge_live_bytes, seg->map_size);
+    hak_committed_add(0); /* a new peak, perhaps */
   } else {
     hak_uncount(huge_live, 1);
     hak_uncount(huge_live_bytes, seg->map_size);

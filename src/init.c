@@ -23,7 +23,7 @@ static void thread_exit_hook(void* value) {
 /* The environment is read once, here, without allocating. */
 static void read_options(void) {
   hak_policy_init();
-  if (HAK_POLICY(stats)) stats_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+  if (HAK_POLICY(stats) != HAK_STATS_OFF) stats_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
 }
 
 void hak_process_init(void) {
@@ -67,5 +67,5 @@ __attribute__((constructor(101))) static void hak_constructor(void) {
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {
-  if (HAK_POLICY(stats)) hak_stats_print_line(stats_fd >= 0 ? stats_fd : 2);
+  if (HAK_POLICY(stats) != HAK_STATS_OFF) hak_stats_at_exit(stats_fd >= 0 ? stats_fd : 2);
 }

@@ -23,6 +23,10 @@
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
+#ifndef HAK_OBSERVE
+#define HAK_OBSERVE 0 /* 1 in the observing build (make observe): per-operation counters */
+#endif
+
 #if HAK_DEBUG
 void hak_assert_fail(const char* expr, const char* file, int line);
 #define hak_assert(x) ((x) ? (void)0 : hak_assert_fail(#x, __FILE__, __LINE__))
@@ -127,7 +131,38 @@ struct hak_segment_s {
   uint8_t* huge_block;         /* huge: the block */
   hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
+  uint32_t cached_dirty_units;       /* a free segment in the cache: units still backed */
 };
+
+/* A heap's statistics, per class (index HAK_CLASSES: large blocks), written
+ * by its owner thread only (hak_stat_add: relaxed atomics, so that a report
+ * may read them meanwhile) and never reset (hak_stats_reset keeps a
+ * baseline).  The first three are counted on slow paths in every build
+ * (remote frees once per batch collected); the per-operation ones only in
+ * the observing build (HAK_OBSERVE). */
+#define HAK_STAT_CLASSES (HAK_CLASSES + 1)
+typedef struct hak_heap_stats_s {
+  size_t refills[HAK_STAT_CLASSES];   /* pages made or reused for the class */
+  size_t retires[HAK_STAT_CLASSES];   /* pages given back to their segment */
+  size_t remote_frees;                /* blocks freed by other threads, collected */
+#if HAK_OBSERVE
+  size_t remote_in[HAK_STAT_CLASSES]; /* the same per class */
+  size_t alloc_current[HAK_STAT_CLASSES]; /* malloc: from the current page */
+  size_t alloc_partial[HAK_STAT_CLASSES]; /* from another page of the queue (slow path) */
+  size_t alloc_refill[HAK_STAT_CLASSES];  /* from a page just made or reused */
+  size_t free_current[HAK_STAT_CLASSES];  /* free (local): to the current page */
+  size_t free_partial[HAK_STAT_CLASSES];  /* to another page */
+  size_t free_empty[HAK_STAT_CLASSES];    /* that emptied a page */
+  size_t free_remote[HAK_STAT_CLASSES];   /* pushed to another thread's heap */
+#endif
+} hak_heap_stats_t;
+#define hak_stat_add(ctr, n) __atomic_store_n(&(ctr), __atomic_load_n(&(ctr), __ATOMIC_RELAXED) + (n), __ATOMIC_RELAXED)
+#define hak_stat_class(page) ((page)->cls == HAK_CLASS_LARGE ? HAK_CLASSES : (unsigned)(page)->cls)
+#if HAK_OBSERVE
+#define HAK_OBSERVE_ADD(ctr) hak_stat_add(ctr, 1)
+#else
+#define HAK_OBSERVE_ADD(ctr) ((void)0)
+#endif
 
 struct hak_heap_s {
   hak_page_t* direct[HAK_DIRECT_SLOTS]; /* size/16 -> current page (small sizes) */
@@ -142,9 +177,11 @@ struct hak_heap_s {
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
+  hak_heap_t* all_next;                 /* every heap ever made (stats) */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
+  hak_heap_stats_t stats;
 };
 
 enum { HAK_HEAP_EMPTY = 0, HAK_HEAP_DEAD = 1, HAK_HEAP_THREAD = 2, HAK_HEAP_GLOBAL = 3 };
@@ -160,6 +197,8 @@ _Static_assert(offsetof(hak_segment_t, pages) == 64, "descriptors are cache-line
  * read the current snapshot through hak_policy(); no fast path reads it. */
 enum { HAK_PURGE_DONTNEED = 0, HAK_PURGE_FREE = 1 };
 enum { HAK_THP_SYSTEM = 0, HAK_THP_ON = 1, HAK_THP_OFF = 2 };
+enum { HAK_STATS_OFF = 0, HAK_STATS_ON = 1, HAK_STATS_JSON = 2 };
+extern char hak_stats_path[256]; /* HAKMEM_STATS=json:PATH */
 typedef struct hak_policy_s {
   /* A free unit's memory is given back (madvise) once it has stayed free this
    * long: units reused sooner cost no system call and no page fault.  0: at
@@ -167,7 +206,7 @@ typedef struct hak_policy_s {
   int32_t purge_delay_ms;
   int32_t purge_mode; /* HAK_PURGE_* */
   int32_t thp;        /* HAK_THP_* */
-  int32_t stats;      /* print counters at exit */
+  int32_t stats;      /* HAK_STATS_*: the report at exit */
   int32_t verbose;    /* print the configuration at start */
 } hak_policy_t;
 extern _Atomic(const hak_policy_t*) hak_policy_now;
@@ -304,6 +343,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
   if (likely(b != NULL)) {
     page->free = b->next;
     page->used++;
+    HAK_OBSERVE_ADD(heap->stats.alloc_current[page->cls]);
     return b;
   }
   return hak_alloc_slow(heap, size);
@@ -325,6 +365,13 @@ HAK_INLINE void hak_free_inline(void* p) {
     hak_block_t* b = (hak_block_t*)p;
     b->next = page->free;
     page->free = b;
+#if HAK_OBSERVE
+    hak_heap_t* heap = hak_tls_heap;
+    if (page->cls != HAK_CLASS_LARGE && heap->current[page->cls] == page)
+      HAK_OBSERVE_ADD(heap->stats.free_current[page->cls]);
+    else
+      HAK_OBSERVE_ADD(heap->stats.free_partial[hak_stat_class(page)]);
+#endif
     if (unlikely(--page->used == 0)) hak_heap_page_empty(hak_tls_heap, page);
     return;
   }
@@ -421,13 +468,23 @@ void hak_process_init(void);
 typedef struct hak_counters_s {
   _Atomic size_t mmap_calls, munmap_calls, madvise_calls, mremap_calls;
   _Atomic size_t mapped_bytes, purged_bytes;
+  /* Memory of segments in use or kept backed: headers, units in pages and
+   * free units not purged yet (huge blocks are counted apart).  An upper
+   * bound of what is resident: pages are touched as they are carved. */
+  _Atomic size_t committed_bytes, peak_committed_bytes;
+  _Atomic size_t lookup_failures; /* pointers freed or sized that hakmem does not own */
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
   _Atomic size_t huge_live, huge_live_bytes; /* huge blocks out now, and their mappings */
 } hak_counters_t;
 extern hak_counters_t hak_counters;
 #define hak_count(field, n) atomic_fetch_add_explicit(&hak_counters.field, (n), memory_order_relaxed)
 #define hak_uncount(field, n) atomic_fetch_sub_explicit(&hak_counters.field, (n), memory_order_relaxed)
-void hak_stats_print_line(int fd);
+void hak_committed_add(size_t bytes);
+void hak_committed_sub(size_t bytes);
+void hak_stats_at_exit(int fd);
+void hak_stats_report_fd(int fd);
+void hak_heaps_each(void (*fn)(hak_heap_t* heap, void* arg), void* arg);
+size_t hak_huge_cached_bytes(void);
 
 /* What hakmem holds now (mallinfo, malloc_stats): a snapshot taken while
  * other threads may be allocating, so not exact under concurrency. */
@@ -439,6 +496,8 @@ struct hak_usage_s {
   size_t free_unit_bytes; /* bytes of their free units */
   size_t huge_blocks;     /* huge blocks handed out */
   size_t huge_bytes;      /* bytes mapped for them */
+  size_t class_pages[HAK_STAT_CLASSES]; /* pages of each class (and of large blocks) */
+  size_t class_live[HAK_STAT_CLASSES];  /* blocks of each handed out */
 };
 void hak_usage_get(hak_usage_t* usage);
 bool hak_trim(void);

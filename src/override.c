@@ -96,25 +96,8 @@ HAK_API struct mallinfo mallinfo(void) {
   return mi;
 }
 
-/* To stderr, like glibc's. */
-HAK_API void malloc_stats(void) {
-  hak_usage_t u;
-  hak_usage_get(&u);
-  char buf[640];
-  snprintf(buf, sizeof buf,
-           "hakmem:\n"
-           "segments held     = %10zu (%zu bytes)\n"
-           "segments cached   = %10zu\n"
-           "pages             = %10zu\n"
-           "in use bytes      = %10zu\n"
-           "free unit bytes   = %10zu\n"
-           "huge blocks       = %10zu (%zu bytes)\n"
-           "total in use      = %10zu\n",
-           u.segments, u.segments * HAK_SEG_SIZE, u.cached_segments, u.pages, u.in_use_bytes,
-           u.free_unit_bytes, u.huge_blocks, u.huge_bytes, u.in_use_bytes + u.huge_bytes);
-  hak_write_stderr(buf);
-  hak_stats_print_line(2);
-}
+/* To stderr, like glibc's: the report HAKMEM_STATS prints at exit. */
+HAK_API void malloc_stats(void) { hak_stats_report_fd(2); }
 HAK_API void free_sized(void* p, size_t size) { hak_free_inline(p); }
 HAK_API void free_aligned_sized(void* p, size_t align, size_t size) { hak_free_inline(p); }
 HAK_API void cfree(void* p) { hak_free_inline(p); }

@@ -123,6 +123,7 @@ static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, 
   uint32_t reused = seg->dirty_units & hak_unit_mask(idx, n);
   seg->dirty_units &= ~reused;
   heap->dirty_units -= (size_t)__builtin_popcount(reused);
+  hak_committed_add((size_t)(n - (unsigned)__builtin_popcount(reused)) << HAK_UNIT_SHIFT);
   if (seg->free_units == 0) {
     seg_remove(&heap->segments, seg);
     seg_push(&heap->full_segments, seg);
@@ -201,6 +202,7 @@ void hak_page_trim(hak_page_t* page) {
   if (from < to && HAK_POLICY(purge_delay_ms) >= 0) { /* -1: nothing is purged but by malloc_trim */
     cap = top;
     hak_os_purge((void*)from, to - from);
+    hak_committed_sub(to - from);
   }
   hak_block_t* list = NULL;
   for (uint32_t i = cap; i-- > 0;) {
@@ -238,6 +240,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
   unsigned idx = page->index, n = page->units;
   bool was_full = seg->free_units == 0;
+  hak_stat_add(heap->stats.retires[hak_stat_class(page)], 1);
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
   hak_segment_give_units(seg, idx, n);
   seg->dirty_units |= hak_unit_mask(idx, n);
@@ -251,7 +254,8 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   }
   if (seg->free_units == HAK_SEG_ALL_FREE) {
     /* Leaving the heap: the cache purges it in its turn. */
-    heap->dirty_units -= (size_t)__builtin_popcount(seg->dirty_units);
+    seg->cached_dirty_units = (uint32_t)__builtin_popcount(seg->dirty_units);
+    heap->dirty_units -= seg->cached_dirty_units;
     seg->dirty_units = 0;
     seg_remove(&heap->segments, seg);
     hak_segment_release(seg);
@@ -329,6 +333,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
       unsigned lo = (unsigned)__builtin_ctz(old);
       unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(old >> lo)); /* <= 32 */
       hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
+      hak_committed_sub((size_t)len << HAK_UNIT_SHIFT);
       old &= ~hak_unit_mask(lo, len);
     }
   }

@@ -25,32 +25,39 @@ static pthread_mutex_t publish_lock = PTHREAD_MUTEX_INITIALIZER;
 _Atomic(const hak_policy_t*) hak_policy_now = &snapshots[0];
 
 /* An option: HAKMEM_<name>, an integer in [min, max] or one of its names
- * (names[i] stands for min + i). */
+ * (names[i] stands for min + i); with path, its last name is written
+ * NAME:PATH and the path is kept there. */
 typedef struct hak_option_s {
   const char* name;
   size_t offset; /* of its field in hak_policy_t */
   int32_t def, min, max;
   const char* const* names;
   const char* description;
+  char* path;
 } hak_option_t;
+
+char hak_stats_path[256];
 
 #define FIELD(f) offsetof(hak_policy_t, f)
 static const char* const purge_names[] = {"dontneed", "free", NULL};
 static const char* const thp_names[] = {"system", "on", "off", NULL};
 static const char* const bool_names[] = {"off", "on", NULL};
+static const char* const stats_names[] = {"off", "on", "json", NULL};
 
 static const hak_option_t options[] = {
     {"PURGE_DELAY_MS", FIELD(purge_delay_ms), 100, -1, 3600000, NULL,
      "milliseconds a free 64 KiB unit stays backed before its memory is given back; 0: at once; "
-     "-1: never (malloc_trim still does)"},
+     "-1: never (malloc_trim still does)", NULL},
     {"PURGE", FIELD(purge_mode), HAK_PURGE_DONTNEED, 0, 1, purge_names,
      "how memory is given back: dontneed (MADV_DONTNEED: RSS falls at once) or free (MADV_FREE: "
-     "the kernel takes the pages when it needs memory)"},
+     "the kernel takes the pages when it needs memory)", NULL},
     {"THP", FIELD(thp), HAK_THP_SYSTEM, 0, 2, thp_names,
      "transparent huge pages for segments and huge blocks: system (the kernel's setting), "
-     "on (MADV_HUGEPAGE), off (MADV_NOHUGEPAGE)"},
-    {"STATS", FIELD(stats), 0, 0, 1, bool_names, "print a line of counters on stderr at exit"},
-    {"VERBOSE", FIELD(verbose), 0, 0, 1, bool_names, "print the effective configuration on stderr at start"},
+     "on (MADV_HUGEPAGE), off (MADV_NOHUGEPAGE)", NULL},
+    {"STATS", FIELD(stats), HAK_STATS_OFF, 0, 2, stats_names,
+     "statistics at exit: on (a report on stderr), json:PATH (the same as JSON into PATH)",
+     hak_stats_path},
+    {"VERBOSE", FIELD(verbose), 0, 0, 1, bool_names, "print the effective configuration on stderr at start", NULL},
 };
 #define OPTION_COUNT (sizeof options / sizeof options[0])
 
@@ -64,10 +71,17 @@ static void warn(const char* what, const char* var) {
 static bool option_parse(const hak_option_t* opt, const char* value, int32_t* out) {
   if (opt->names != NULL) {
     for (int i = 0; opt->names[i] != NULL; i++) {
-      if (strcmp(value, opt->names[i]) == 0) {
-        *out = opt->min + i;
-        return true;
+      size_t len = strlen(opt->names[i]);
+      if (strncmp(value, opt->names[i], len) != 0) continue;
+      bool last = opt->names[i + 1] == NULL;
+      if (opt->path != NULL && last) { /* NAME:PATH, and only so */
+        if (value[len] != ':' || value[len + 1] == '\0' || strlen(value + len + 1) >= 256) return false;
+        strcpy(opt->path, value + len + 1);
+      } else if (value[len] != '\0') {
+        continue;
       }
+      *out = opt->min + i;
+      return true;
     }
   }
   char* end;
@@ -111,7 +125,8 @@ void hak_policy_print_table(int fd) {
     if (opt->names != NULL) {
       size_t len = 0;
       for (int k = 0; opt->names[k] != NULL && len < sizeof range - 16; k++)
-        len += (size_t)snprintf(range + len, sizeof range - len, "%s%s", k ? ", " : "", opt->names[k]);
+        len += (size_t)snprintf(range + len, sizeof range - len, "%s%s%s", k ? ", " : "", opt->names[k],
+                                opt->path != NULL && opt->names[k + 1] == NULL ? ":PATH" : "");
     } else {
       snprintf(range, sizeof range, "%d to %d", (int)opt->min, (int)opt->max);
     }

@@ -13,16 +13,21 @@ void hak_remote_push(hak_heap_t* heap, hak_block_t* b) {
 }
 
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
+  size_t collected = 0;
   while (list != NULL) {
     hak_block_t* b = list;
     list = b->next;
     hak_segment_t* seg = hak_segment_of(b); /* blocks of normal segments only */
     hak_heap_t* owner = hak_segment_heap(seg);
-    if (owner == heap)
-      hak_heap_free_local(heap, hak_page_of(seg, b), b);
-    else
+    if (owner == heap) {
+      hak_page_t* page = hak_page_of(seg, b);
+      HAK_OBSERVE_ADD(heap->stats.remote_in[hak_stat_class(page)]);
+      hak_heap_free_local(heap, page, b);
+      collected++;
+    } else
       hak_remote_push(owner, b);
   }
+  hak_stat_add(heap->stats.remote_frees, collected);
 }
 
 void hak_remote_collect(hak_heap_t* heap) {

@@ -95,6 +95,12 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   }
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
+  /* Its header is backed now; its units are counted as pages take them. */
+  if (dirty)
+    hak_committed_sub((size_t)seg->cached_dirty_units << HAK_UNIT_SHIFT);
+  else
+    hak_committed_add(HAK_SEG_HDR_SIZE);
+  seg->cached_dirty_units = 0;
   /* A purged header reads as zero only after MADV_DONTNEED, not MADV_FREE. */
   if (dirty || HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
   seg->kind = HAK_SEG_NORMAL;
@@ -116,6 +122,8 @@ static bool purge_due(uint32_t freed_ms, uint32_t now_ms) {
 
 static void cache_clean_push(hak_segment_t* seg) {
   hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
+  hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)seg->cached_dirty_units << HAK_UNIT_SHIFT));
+  seg->cached_dirty_units = 0;
   pthread_mutex_lock(&segment_lock);
   seg->next = cache_clean;
   cache_clean = seg;
@@ -197,9 +205,13 @@ void hak_segments_usage(hak_usage_t* usage) {
         u++;
         continue;
       }
+      size_t used = __atomic_load_n(&page->used, __ATOMIC_RELAXED);
+      uint8_t cls = __atomic_load_n(&page->cls, __ATOMIC_RELAXED);
+      unsigned k = cls < HAK_CLASSES ? cls : HAK_CLASSES;
       usage->pages++;
-      usage->in_use_bytes += (size_t)__atomic_load_n(&page->used, __ATOMIC_RELAXED) *
-                             __atomic_load_n(&page->block_size, __ATOMIC_RELAXED);
+      usage->class_pages[k]++;
+      usage->class_live[k] += used;
+      usage->in_use_bytes += used * __atomic_load_n(&page->block_size, __ATOMIC_RELAXED);
       u += units;
     }
   }

@@ -332,30 +332,10 @@ static void test_thp(void) {
   if (HAK_POLICY(thp) == HAK_THP_SYSTEM) CHECK(hg == 0 && nh == 0);
 }
 
-/* Runs this program with extra environment and returns its stdout+stderr. */
+/* Runs this program with two more environment entries (test_option_warnings). */
 static void run_self(const char* env1, const char* env2, char* out, size_t cap) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    putenv((char*)env1);
-    putenv((char*)env2);
-    execl("/proc/self/exe", "test_memory", "--print-policy", (char*)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
-  size_t len = 0;
-  ssize_t got;
-  while (len + 1 < cap && (got = read(fds[0], out + len, cap - 1 - len)) > 0) len += (size_t)got;
-  out[len] = '\0';
-  close(fds[0]);
-  int status;
-  waitpid(pid, &status, 0);
-  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const char* env[] = {env1, env2, NULL};
+  CHECK(hak_run_self("--print-policy", env, out, cap) == 0);
 }
 
 static void test_option_warnings(void) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Makes the compiler believe p escapes and memory is read and written. */
@@ -140,6 +141,33 @@ static inline size_t hak_rss_bytes(void) {
     fclose(f);
   }
   return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Runs this program again (/proc/self/exe) with argument arg and the
+ * environment entries env (NULL-terminated) added; its stdout and stderr
+ * together go into out (NUL-terminated).  Returns its exit status, or -1. */
+static inline int hak_run_self(const char* arg, const char* const* env, char* out, size_t cap) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    for (; env != NULL && *env != NULL; env++) putenv((char*)*env);
+    execl("/proc/self/exe", "self", arg, (char*)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  size_t len = 0;
+  ssize_t got;
+  while (len + 1 < cap && (got = read(fds[0], out + len, cap - 1 - len)) > 0) len += (size_t)got;
+  out[len] = '\0';
+  close(fds[0]);
+  int status;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
 }
 
 /* The peak resident set of the process (VmHWM), in bytes; 0 if unknown. */
