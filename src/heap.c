@@ -98,6 +98,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   hak_block_t* b = page->free;
   page->free = b->next;
   page->used++;
+  hak_heap_check(heap);
   return b;
 }
 
@@ -113,6 +114,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
   hak_block_t* b = page->free;
   page->free = NULL;
   page->used = 1;
+  hak_heap_check(heap);
   return b;
 }
 
@@ -160,6 +162,7 @@ static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
     hak_page_retire(heap, oldest);
   }
   hak_heap_purge_if_due(heap, now);
+  hak_heap_check(heap);
 }
 
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
@@ -300,6 +303,7 @@ hak_heap_t* hak_thread_heap_init(void) {
   heap_reset_current(heap);
   hak_tls_heap = heap;
   hak_thread_register(heap);
+  hak_heap_check(heap);
   return heap;
 }
 
@@ -401,6 +405,7 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   /* Frees that reached the old owner now belong to this heap. */
   hak_remote_collect_list(heap, atomic_exchange_explicit(&from->remote, NULL, memory_order_acquire));
   hak_count(heaps_adopted, 1);
+  hak_heap_check(heap);
   pthread_mutex_lock(&heaps_lock);
   from->pool_next = spare_pool;
   spare_pool = from;

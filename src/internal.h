@@ -30,8 +30,12 @@
 #if HAK_DEBUG
 void hak_assert_fail(const char* expr, const char* file, int line);
 #define hak_assert(x) ((x) ? (void)0 : hak_assert_fail(#x, __FILE__, __LINE__))
+/* check.c: every invariant of a heap, after each slow-path step. */
+struct hak_heap_s;
+void hak_heap_check(struct hak_heap_s* heap);
 #else
 #define hak_assert(x) ((void)0)
+#define hak_heap_check(heap) ((void)0)
 #endif
 
 /* ---- geometry ---------------------------------------------------------- */

@@ -32,4 +32,5 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
 
 void hak_remote_collect(hak_heap_t* heap) {
   hak_remote_collect_list(heap, atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire));
+  hak_heap_check(heap);
 }

@@ -43,12 +43,22 @@ void hak_fatal(const char* what, const void* p) {
 
 #if HAK_DEBUG
 void hak_assert_fail(const char* expr, const char* file, int line) {
+  char num[16];
+  int n = 0;
+  char digits[16];
+  do {
+    digits[n++] = (char)('0' + line % 10);
+    line /= 10;
+  } while (line > 0 && n < 15);
+  for (int i = 0; i < n; i++) num[i] = digits[n - 1 - i];
+  num[n] = 0;
   hak_write_stderr("hakmem: assertion failed: ");
   hak_write_stderr(expr);
   hak_write_stderr(" at ");
   hak_write_stderr(file);
+  hak_write_stderr(":");
+  hak_write_stderr(num);
   hak_write_stderr("\n");
-  (void)line;
   abort();
 }
 #endif

@@ -2,8 +2,11 @@
  * page carving, the segment map, unit runs in a segment, remote frees and
  * heap abandonment.  Linked with hakmem_api (no malloc override). */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "internal.h"
@@ -253,6 +256,27 @@ static void test_huge_cache_and_remap(void) {
   hak_free(h);
 }
 
+/* The debug build checks a heap's invariants after each slow-path step: a
+ * broken count is caught (in a child, which aborts). */
+static void test_invariant_check(void) {
+#if HAK_DEBUG
+  hak_free(hak_malloc(40));
+  hak_heap_check(hak_tls_heap); /* whole */
+  fflush(NULL);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    hak_heap_t* heap = hak_tls_heap;
+    heap->empty_units += 1; /* a count that no longer matches the empty pages */
+    hak_heap_check(heap);
+    _exit(0);
+  }
+  int status;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+#endif
+}
+
 int main(void) {
   test_size_classes();
   test_page_carving();
@@ -262,5 +286,6 @@ int main(void) {
   test_remote_free();
   test_abandon_adopt();
   test_huge_cache_and_remap();
+  test_invariant_check();
   return hak_test_result("test_units");
 }

@@ -1,0 +1,81 @@
+/* Invariant checks of a heap, run by the debug build after each slow-path
+ * step (hak_heap_check); the other builds compile the calls away.  A broken
+ * invariant is reported like a failed assertion, then the program aborts. */
+#include "internal.h"
+
+#if HAK_DEBUG
+
+#define CHECK(cond, what)                           \
+  do {                                              \
+    if (!(cond)) hak_assert_fail(what, __FILE__, __LINE__); \
+  } while (0)
+
+static hak_segment_t* segment_of_page(const hak_page_t* page) {
+  return (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+}
+
+/* A page in a queue of heap: a formatted head descriptor of one of its
+ * segments, its counts in order, its free list as long as its free count
+ * (for pages of at most 4096 blocks: the walk is the expensive part). */
+static void check_page(hak_heap_t* heap, const hak_page_t* page) {
+  hak_segment_t* seg = segment_of_page(page);
+  CHECK(hak_segment_heap(seg) == heap, "page in a queue of a heap that does not own its segment");
+  CHECK(page->units > 0 && page->head_off == 0, "queued descriptor is not a page head");
+  CHECK(&seg->pages[page->index] == page, "page index");
+  CHECK((seg->free_units & hak_unit_mask(page->index, page->units)) == 0, "page on free units");
+  CHECK(page->used <= page->capacity && page->capacity <= page->reserved, "page counts");
+  if (page->cls != HAK_CLASS_LARGE) {
+    CHECK(!page->in_full, "full page in a queue");
+    CHECK(page->div_magic == hak_div_magic(page->block_size), "div_magic");
+    if (page->capacity <= 4096) {
+      uint32_t n = 0;
+      for (const hak_block_t* b = page->free; b != NULL && n <= page->capacity; b = b->next) {
+        CHECK((const uint8_t*)b >= page->start &&
+                  (const uint8_t*)b < page->start + (size_t)page->capacity * page->block_size,
+              "free block outside its page");
+        n++;
+      }
+      CHECK(n == page->capacity - page->used, "free list length");
+    }
+  }
+}
+
+static void check_segments(hak_heap_t* heap, hak_segment_t* list, bool full, size_t* dirty) {
+  for (hak_segment_t* seg = list; seg != NULL; seg = seg->next) {
+    CHECK(hak_segment_heap(seg) == heap && seg->kind == HAK_SEG_NORMAL, "segment list");
+    CHECK(seg->next == NULL || seg->next->prev == seg, "segment links");
+    CHECK(full ? seg->free_units == 0 : seg->free_units != 0, "segment on the wrong list");
+    CHECK((seg->dirty_units & ~seg->free_units) == 0, "dirty unit not free");
+    *dirty += (size_t)__builtin_popcount(seg->dirty_units);
+  }
+}
+
+void hak_heap_check(hak_heap_t* heap) {
+  if (heap->kind != HAK_HEAP_THREAD && heap->kind != HAK_HEAP_GLOBAL) return;
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    const hak_page_queue_t* q = &heap->queue[c];
+    CHECK(heap->current[c] == (q->first ? q->first : &hak_page_empty),
+          "current page is not the first of its queue");
+    const hak_page_t* prev = NULL;
+    for (const hak_page_t* page = q->first; page != NULL; prev = page, page = page->next) {
+      CHECK(page->prev == prev && page->cls == c, "class queue");
+      check_page(heap, page);
+    }
+    CHECK(q->last == prev, "class queue's last");
+    if (hak_class_size[c] <= HAK_SMALL_MAX)
+      CHECK(heap->direct[hak_class_size[c] / 16] == heap->current[c], "direct table");
+  }
+  size_t units = 0;
+  const hak_page_t* prev = NULL;
+  for (const hak_page_t* page = heap->empty.first; page != NULL; prev = page, page = page->next) {
+    CHECK(page->prev == prev && page->used == 0, "empty pages");
+    units += page->units;
+  }
+  CHECK(heap->empty.last == prev && units == heap->empty_units, "empty pages' units");
+  size_t dirty = 0;
+  check_segments(heap, heap->segments, false, &dirty);
+  check_segments(heap, heap->full_segments, true, &dirty);
+  CHECK(dirty == heap->dirty_units, "dirty unit count");
+}
+
+#endif
