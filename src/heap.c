@@ -82,6 +82,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     page = next;
   }
   if (page == NULL) {
+    hak_heap_set_current(heap, cls); /* its pages are all out of the queue now */
     page = hak_page_new(heap, cls, 0);
     if (page == NULL) {
       hak_heap_set_current(heap, cls);
@@ -389,8 +390,8 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   if (from == NULL) return false;
   hak_segments_move(heap, from);
   if (from->dirty_units != 0) { /* its free units not purged yet come along */
-    if (heap->dirty_units == 0 || (int32_t)(from->purge_due_ms - heap->purge_due_ms) < 0)
-      heap->purge_due_ms = from->purge_due_ms;
+    bool pending = heap->dirty_units != 0 || heap->empty.first != NULL;
+    if (!pending || (int32_t)(from->purge_due_ms - heap->purge_due_ms) < 0) heap->purge_due_ms = from->purge_due_ms;
     heap->dirty_units += from->dirty_units;
     from->dirty_units = 0;
   }

@@ -265,9 +265,10 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   if (total < old_total || hak_os_remap(base, old_total, total, NULL) != NULL) {
     if (total < old_total) hak_os_unmap(base + total, old_total - total);
     seg->map_size = total;
-    if (total > old_total)
+    if (total > old_total) {
       hak_count(huge_live_bytes, total - old_total);
-    else
+      hak_committed_add(0); /* a new peak, perhaps */
+    } else
       hak_uncount(huge_live_bytes, old_total - total);
     return p;
   }

@@ -127,7 +127,8 @@ struct hak_segment_s {
   _Atomic uintptr_t owner_tid; /* the owner thread's id while it lives, else 0 */
   uint32_t kind;
   uint32_t free_units;         /* bit i set: unit i is free */
-  uint32_t dirty_units;        /* free units still backed by memory (not purged) */
+  uint32_t dirty_units;        /* free units still backed by memory (not purged); kept
+                                  while the segment waits in the cache backed */
   uint32_t huge_spare_pages;   /* huge: pages of the mapping beyond the block's need */
   hak_segment_t* next;         /* in the owner's segment list or the free cache */
   hak_segment_t* prev;
@@ -135,7 +136,6 @@ struct hak_segment_s {
   uint8_t* huge_block;         /* huge: the block */
   hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
-  uint32_t cached_dirty_units;       /* a free segment in the cache: units still backed */
 };
 
 /* A heap's statistics, per class (index HAK_CLASSES: large blocks), written
@@ -222,6 +222,8 @@ HAK_INLINE const hak_policy_t* hak_policy(void) {
 #define HAK_POLICY(field) __atomic_load_n(&hak_policy()->field, __ATOMIC_RELAXED)
 void hak_policy_init(void);
 void hak_policy_print_table(int fd);
+void hak_policy_lock(void);
+void hak_policy_unlock(void);
 
 /* ---- globals ------------------------------------------------------------ */
 

@@ -169,6 +169,10 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     hak_heaps_collect_spare(heap);
     if ((seg = hak_segment_acquire(heap)) == NULL) return NULL;
     seg_push(&heap->segments, seg);
+    if (seg->dirty_units != 0) { /* a cached segment still backed: purged in the heap's turn */
+      if (heap->dirty_units == 0 && heap->empty.first == NULL) heap->purge_due_ms = hak_now_ms();
+      heap->dirty_units += (size_t)__builtin_popcount(seg->dirty_units);
+    }
     idx = 1;
   }
   heap_take_units(heap, seg, (unsigned)idx, n);
@@ -201,8 +205,7 @@ void hak_page_trim(hak_page_t* page) {
   uintptr_t to = ((uintptr_t)page->start + (size_t)cap * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
   if (from < to && HAK_POLICY(purge_delay_ms) >= 0) { /* -1: nothing is purged but by malloc_trim */
     cap = top;
-    hak_os_purge((void*)from, to - from);
-    hak_committed_sub(to - from);
+    hak_os_purge((void*)from, to - from); /* committed stays counted by whole units */
   }
   hak_block_t* list = NULL;
   for (uint32_t i = cap; i-- > 0;) {
@@ -254,9 +257,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   }
   if (seg->free_units == HAK_SEG_ALL_FREE) {
     /* Leaving the heap: the cache purges it in its turn. */
-    seg->cached_dirty_units = (uint32_t)__builtin_popcount(seg->dirty_units);
-    heap->dirty_units -= seg->cached_dirty_units;
-    seg->dirty_units = 0;
+    heap->dirty_units -= (size_t)__builtin_popcount(seg->dirty_units); /* kept with it */
     seg_remove(&heap->segments, seg);
     hak_segment_release(seg);
   }
@@ -286,7 +287,10 @@ void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms) {
  * delay is only checked on these events, so this bounds what a thread that
  * stops making pages keeps backed). */
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
-  if ((heap->dirty_units != 0 || heap->empty.first != NULL) && HAK_POLICY(purge_delay_ms) >= 0) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  if ((heap->dirty_units != 0 || heap->empty.first != NULL) && delay >= 0) {
+    /* A due time set under a longer delay (hak_option_set shortened it). */
+    if ((int32_t)(heap->purge_due_ms - (now_ms + (uint32_t)delay)) > 0) heap->purge_due_ms = now_ms;
     if (heap->dirty_units > HAK_DIRTY_UNITS_MAX)
       hak_heap_purge(heap, now_ms, true);
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)

@@ -146,6 +146,10 @@ static const hak_option_t* option_find(const char* name, size_t len) {
   return NULL;
 }
 
+/* Held across fork (init.c), so that the child finds it free. */
+void hak_policy_lock(void) { pthread_mutex_lock(&publish_lock); }
+void hak_policy_unlock(void) { pthread_mutex_unlock(&publish_lock); }
+
 /* Publishes a copy of the current snapshot with one option changed. */
 static void publish(const hak_option_t* opt, int32_t value) {
   pthread_mutex_lock(&publish_lock);

@@ -95,17 +95,18 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   }
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
-  /* Its header is backed now; its units are counted as pages take them. */
-  if (dirty)
-    hak_committed_sub((size_t)seg->cached_dirty_units << HAK_UNIT_SHIFT);
-  else
+  /* A segment from the backed cache keeps its dirty units (still counted
+   * committed, with their free times): the new owner reuses them first and
+   * purges them in its turn.  Another one's header is backed now; its units
+   * are counted as pages take them. */
+  if (!dirty) {
     hak_committed_add(HAK_SEG_HDR_SIZE);
-  seg->cached_dirty_units = 0;
+    seg->dirty_units = 0;
+  }
   /* A purged header reads as zero only after MADV_DONTNEED, not MADV_FREE. */
   if (dirty || HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
   seg->kind = HAK_SEG_NORMAL;
   seg->free_units = HAK_SEG_ALL_FREE;
-  seg->dirty_units = 0;
   seg->next = seg->prev = NULL;
   seg->map_size = 0;
   seg->huge_block = NULL;
@@ -116,14 +117,14 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   return seg;
 }
 
-static bool purge_due(uint32_t freed_ms, uint32_t now_ms) {
-  return HAK_POLICY(purge_delay_ms) >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)HAK_POLICY(purge_delay_ms)) >= 0;
+static bool purge_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
+  return delay >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)delay) >= 0;
 }
 
 static void cache_clean_push(hak_segment_t* seg) {
   hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
-  hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)seg->cached_dirty_units << HAK_UNIT_SHIFT));
-  seg->cached_dirty_units = 0;
+  hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)__builtin_popcount(seg->dirty_units) << HAK_UNIT_SHIFT));
+  seg->dirty_units = 0;
   pthread_mutex_lock(&segment_lock);
   seg->next = cache_clean;
   cache_clean = seg;
@@ -135,16 +136,17 @@ static void cache_clean_push(hak_segment_t* seg) {
  * is off.  Cheap when nothing is due: one unlocked load. */
 void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   size_t count = atomic_load_explicit(&cache_dirty_count, memory_order_relaxed);
-  if (count == 0 || (!all && HAK_POLICY(purge_delay_ms) < 0)) return;
+  int32_t delay = HAK_POLICY(purge_delay_ms); /* read once: one decision, one value */
+  if (count == 0 || (!all && delay < 0)) return;
   if (!all && count <= HAK_SEGMENT_DIRTY_KEEP &&
-      !purge_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms))
+      !purge_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms, delay))
     return;
   hak_segment_t* purge = NULL;
   pthread_mutex_lock(&segment_lock);
   size_t kept = 0;
   for (hak_segment_t **link = &cache_dirty, *seg; (seg = *link) != NULL;) {
-    bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && HAK_POLICY(purge_delay_ms) >= 0;
-    if (all || over || purge_due(seg->unit_freed_ms[0], now_ms)) {
+    bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && delay >= 0;
+    if (all || over || purge_due(seg->unit_freed_ms[0], now_ms, delay)) {
       *link = seg->next;
       seg->next = purge;
       purge = seg;

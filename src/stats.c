@@ -4,6 +4,7 @@
  * json:PATH), malloc_stats.  Nothing here runs unless asked. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -18,6 +19,7 @@ hak_counters_t hak_counters;
 /* The counters at the last hak_stats_reset (gauges are not kept here). */
 static hak_stats_t baseline;
 static bool have_baseline;
+static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define LOAD(f) atomic_load_explicit(&hak_counters.f, memory_order_relaxed)
 
@@ -129,7 +131,11 @@ HAK_API void hak_stats_get(hak_stats_t* out) {
   if (out == NULL) return;
   hak_process_init();
   gather(out);
-  if (!have_baseline) return;
+  pthread_mutex_lock(&baseline_lock);
+  if (!have_baseline) {
+    pthread_mutex_unlock(&baseline_lock);
+    return;
+  }
   /* Counters since the reset; gauges (live, committed, RSS, ...) as they are. */
 #define SINCE(f) out->f -= out->f >= baseline.f ? baseline.f : out->f
   SINCE(mmap_calls);
@@ -155,12 +161,17 @@ HAK_API void hak_stats_get(hak_stats_t* out) {
     SINCE(classes[c].free_remote);
   }
 #undef SINCE
+  pthread_mutex_unlock(&baseline_lock);
 }
 
 HAK_API void hak_stats_reset(void) {
   hak_process_init();
-  gather(&baseline);
+  hak_stats_t now;
+  gather(&now);
+  pthread_mutex_lock(&baseline_lock);
+  baseline = now;
   have_baseline = true;
+  pthread_mutex_unlock(&baseline_lock);
   /* The peak restarts from what is committed now. */
   atomic_store_explicit(&hak_counters.peak_committed_bytes, LOAD(committed_bytes) + LOAD(huge_live_bytes),
                         memory_order_relaxed);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 #include "internal.h"
@@ -47,6 +48,27 @@ static void test_get_set(void) {
   CHECK(hak_option_set("PURGE_DELAY_MS", v) == 0);
 }
 
+static void* shortened_delay(void* arg) {
+  (void)arg;
+  enum { N = 8 * 64 }; /* 8 MiB: below the 16 MiB a heap may keep backed */
+  static void* b[N];
+  CHECK(hak_option_set("PURGE_DELAY_MS", 3600000) == 0);
+  for (int i = 0; i < N; i++) {
+    REQUIRE((b[i] = hak_malloc(16 * 1024)) != NULL);
+    memset(b[i], 1, 16 * 1024);
+  }
+  for (int i = 0; i < N; i++) hak_free(b[i]);
+  hak_free(hak_malloc(300 * 1024)); /* a page event: nothing is due */
+  size_t purged0 = C(purged_bytes);
+  CHECK(hak_option_set("PURGE_DELAY_MS", 1) == 0);
+  struct timespec ms5 = {0, 5000000};
+  nanosleep(&ms5, NULL);
+  hak_free(hak_malloc(300 * 1024)); /* a page event */
+  CHECK(hak_tls_heap->dirty_units == 0); /* (the segment cache purges apart) */
+  CHECK(C(purged_bytes) > purged0);
+  return NULL;
+}
+
 /* 24 MiB of 16 KiB blocks freed: all purged at once with delay 0, none with -1. */
 static void test_takes_effect(void) {
   enum { N = 24 * 64 };
@@ -70,6 +92,13 @@ static void test_takes_effect(void) {
   purged0 = C(purged_bytes);
   for (int i = 0; i < N; i++) hak_free(b[i]);
   CHECK(C(purged_bytes) == purged0);
+
+  /* Shortened while free units wait for an hour: the next page event
+   * purges them (their due time was set under the hour).  In a thread of
+   * its own: a fresh heap, with no free units left by the rounds above. */
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, shortened_delay, NULL) == 0);
+  pthread_join(th, NULL);
   CHECK(hak_option_set("PURGE_DELAY_MS", old) == 0);
 }
 
