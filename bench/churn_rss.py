@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Thread churn (10,000 threads, each leaving blocks behind): hakmem's peak
-RSS must be no higher than glibc's.  Runs one build of test_thread_churn.c
+RSS against glibc's (issue 4's target: no higher).  Runs one build of test_thread_churn.c
 that is not linked with hakmem, on glibc and with libhakmem.so preloaded,
 interleaved, RUNS times each, and compares the medians of the peak RSS each
 run reports (VmHWM).  Also checks that each run used the allocator meant:
 the program notes on stderr when malloc does not resolve into hakmem.
 
-usage: check_churn_rss.py THREAD_CHURN_PLAIN LIBHAKMEM_SO
+usage: churn_rss.py [build/tests/thread_churn_plain [build/libhakmem.so]]
+
+Not in make test: the figures move with the machine's load (see
+docs/BENCHMARKS.md, thread churn).
 """
 import os
 import re
@@ -14,7 +17,7 @@ import statistics
 import subprocess
 import sys
 
-RUNS = 3
+RUNS = 5
 
 
 def run(prog, preload):
@@ -37,9 +40,11 @@ def run(prog, preload):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) > 3:
         sys.exit(__doc__)
-    prog, lib = sys.argv[1], os.path.abspath(sys.argv[2])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prog = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "build/tests/thread_churn_plain")
+    lib = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "build/libhakmem.so"))
     glibc, hakmem = [], []
     for _ in range(RUNS):
         glibc.append(run(prog, None))
@@ -50,7 +55,7 @@ def main():
     if h > g:
         print("FAIL: hakmem's peak RSS is above glibc's")
         return 1
-    print("check_churn_rss: ok")
+    print("churn_rss: hakmem at or below glibc")
     return 0
 
 
