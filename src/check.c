@@ -10,15 +10,11 @@
     if (!(cond)) hak_assert_fail(what, __FILE__, __LINE__); \
   } while (0)
 
-static hak_segment_t* segment_of_page(const hak_page_t* page) {
-  return (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
-}
-
 /* A page in a queue of heap: a formatted head descriptor of one of its
  * segments, its counts in order, its free list as long as its free count
  * (for pages of at most 4096 blocks: the walk is the expensive part). */
 static void check_page(hak_heap_t* heap, const hak_page_t* page) {
-  hak_segment_t* seg = segment_of_page(page);
+  hak_segment_t* seg = hak_segment_of(page);
   CHECK(hak_segment_heap(seg) == heap, "page in a queue of a heap that does not own its segment");
   CHECK(page->units > 0 && page->head_off == 0, "queued descriptor is not a page head");
   CHECK(&seg->pages[page->index] == page, "page index");

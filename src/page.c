@@ -69,7 +69,7 @@ static void link_units(hak_segment_t* seg, unsigned idx, unsigned from, unsigned
 /* Formats the n units at seg->pages[idx] as a page of class cls (or one
  * large block). */
 static void page_format(hak_page_t* page, unsigned cls) {
-  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t* seg = hak_segment_of(page);
   unsigned idx = page->index, n = page->units;
   link_units(seg, idx, 1, n);
   uint8_t* start = (uint8_t*)seg + ((size_t)idx << HAK_UNIT_SHIFT);
@@ -222,7 +222,7 @@ void hak_page_trim(hak_page_t* page) {
 /* Grows the single-block page of a large block in place to hold size bytes,
  * if the units after it are free (realloc then copies nothing). */
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
-  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t* seg = hak_segment_of(page);
   unsigned idx = page->index, n = page->units;
   unsigned want = (unsigned)((size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT);
   if (want <= n || idx + want > HAK_UNITS) return false;
@@ -240,7 +240,7 @@ bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
  * since freed_ms; an empty segment goes back to the segment cache. */
 static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
   hak_assert(page->used == 0);
-  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t* seg = hak_segment_of(page);
   unsigned idx = page->index, n = page->units;
   bool was_full = seg->free_units == 0;
   hak_stat_add(heap->stats.retires[hak_stat_class(page)], 1);
@@ -272,12 +272,12 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
 /* When a kept empty page became empty (hak_heap_page_empty notes it in the
  * segment's unit_freed_ms of its first unit, which is not a free unit). */
 HAK_INLINE uint32_t page_emptied_ms(hak_page_t* page) {
-  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t* seg = hak_segment_of(page);
   return seg->unit_freed_ms[page->index];
 }
 
 void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms) {
-  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  hak_segment_t* seg = hak_segment_of(page);
   seg->unit_freed_ms[page->index] = now_ms;
 }
 
