@@ -85,7 +85,6 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     hak_heap_set_current(heap, cls); /* its pages are all out of the queue now */
     page = hak_page_new(heap, cls, 0);
     if (page == NULL) {
-      hak_heap_set_current(heap, cls);
       errno = ENOMEM;
       return NULL;
     }
@@ -151,8 +150,7 @@ void* hak_alloc_on_dead_thread(size_t size) {
 static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
   if (page->cls != HAK_CLASS_LARGE) hak_queue_remove(&heap->queue[page->cls], page);
   uint32_t now = hak_now_ms();
-  if (heap->dirty_units == 0 && heap->empty.first == NULL)
-    heap->purge_due_ms = now + (uint32_t)HAK_POLICY(purge_delay_ms);
+  hak_heap_purge_by(heap, now + (uint32_t)HAK_POLICY(purge_delay_ms));
   hak_page_mark_emptied(page, now);
   hak_queue_push_front(&heap->empty, page);
   heap->empty_units += page->units;
@@ -390,8 +388,7 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   if (from == NULL) return false;
   hak_segments_move(heap, from);
   if (from->dirty_units != 0) { /* its free units not purged yet come along */
-    bool pending = heap->dirty_units != 0 || heap->empty.first != NULL;
-    if (!pending || (int32_t)(from->purge_due_ms - heap->purge_due_ms) < 0) heap->purge_due_ms = from->purge_due_ms;
+    hak_heap_purge_by(heap, from->purge_due_ms);
     heap->dirty_units += from->dirty_units;
     from->dirty_units = 0;
   }

@@ -429,6 +429,7 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
 void hak_segments_set_owner(hak_heap_t* heap);
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all);
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms);
+void hak_heap_purge_by(hak_heap_t* heap, uint32_t due_ms);
 void hak_segments_fork_child(hak_heap_t* survivor);
 
 /* heap.c */

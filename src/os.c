@@ -54,7 +54,8 @@ void hak_os_purge(void* p, size_t size) {
 
 /* Applies HAKMEM_THP to a fresh mapping of segments or a huge block. */
 void hak_os_thp(void* p, size_t size) {
-  int advice = HAK_POLICY(thp) == HAK_THP_ON ? MADV_HUGEPAGE : HAK_POLICY(thp) == HAK_THP_OFF ? MADV_NOHUGEPAGE : 0;
+  int32_t thp = HAK_POLICY(thp);
+  int advice = thp == HAK_THP_ON ? MADV_HUGEPAGE : thp == HAK_THP_OFF ? MADV_NOHUGEPAGE : 0;
   if (advice == 0) return;
   int saved = errno;
   madvise(p, size, advice);

@@ -170,7 +170,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     if ((seg = hak_segment_acquire(heap)) == NULL) return NULL;
     seg_push(&heap->segments, seg);
     if (seg->dirty_units != 0) { /* a cached segment still backed: purged in the heap's turn */
-      if (heap->dirty_units == 0 && heap->empty.first == NULL) heap->purge_due_ms = hak_now_ms();
+      hak_heap_purge_by(heap, hak_now_ms()); /* the next pass works out when */
       heap->dirty_units += (size_t)__builtin_popcount(seg->dirty_units);
     }
     idx = 1;
@@ -248,8 +248,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   hak_segment_give_units(seg, idx, n);
   seg->dirty_units |= hak_unit_mask(idx, n);
   for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = freed_ms;
-  if (heap->dirty_units == 0 && heap->empty.first == NULL)
-    heap->purge_due_ms = freed_ms + (uint32_t)HAK_POLICY(purge_delay_ms);
+  hak_heap_purge_by(heap, freed_ms + (uint32_t)HAK_POLICY(purge_delay_ms));
   heap->dirty_units += n;
   if (was_full) {
     seg_remove(&heap->full_segments, seg);
@@ -279,6 +278,13 @@ HAK_INLINE uint32_t page_emptied_ms(hak_page_t* page) {
 void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms) {
   hak_segment_t* seg = hak_segment_of(page);
   seg->unit_freed_ms[page->index] = now_ms;
+}
+
+/* Something of the heap becomes purgeable at due_ms (call it before the heap
+ * counts it): its next purge pass is due no later than that. */
+void hak_heap_purge_by(hak_heap_t* heap, uint32_t due_ms) {
+  bool pending = heap->dirty_units != 0 || heap->empty.first != NULL;
+  if (!pending || (int32_t)(due_ms - heap->purge_due_ms) < 0) heap->purge_due_ms = due_ms;
 }
 
 /* The purge check of the page-level events (a page retired, made or
