@@ -66,6 +66,12 @@ typedef struct hak_stats_s {
                                   does not own (counter) */
   size_t rss_bytes, peak_rss_bytes;   /* the whole process's */
   size_t minor_faults, major_faults;  /* the whole process's (counters) */
+  /* The purge delay in force now (HAKMEM_PURGE_DELAY_MS, or as the learner
+   * moved it), what it gave back after units stayed free that long, and how
+   * much of that was taken again within twice the delay (counters). */
+  long purge_delay_ms;
+  size_t idle_purged_bytes, refaulted_bytes;
+  size_t learner_changes;             /* delays the learner (HAKMEM_LEARN) published (counter) */
   hak_class_stats_t classes[HAK_STATS_CLASSES];
 } hak_stats_t;
 

@@ -45,6 +45,7 @@ void hak_thread_register(hak_heap_t* heap) {
 
 /* fork: hold every lock across the fork so the child finds them consistent. */
 static void fork_prepare(void) {
+  hak_learn_lock(); /* before the policy lock: a decision publishes under it */
   hak_policy_lock();
   hak_heaps_lock();
   hak_segments_lock();
@@ -55,6 +56,7 @@ static void fork_parent(void) {
   hak_segments_unlock();
   hak_heaps_unlock();
   hak_policy_unlock();
+  hak_learn_unlock();
 }
 static void fork_child(void) {
   hak_segments_fork_child(hak_tls_heap);
@@ -62,6 +64,7 @@ static void fork_child(void) {
   hak_segments_unlock();
   hak_heaps_unlock();
   hak_policy_unlock();
+  hak_learn_unlock();
 }
 
 __attribute__((constructor(101))) static void hak_constructor(void) {

@@ -136,6 +136,8 @@ struct hak_segment_s {
   uint8_t* huge_block;         /* huge: the block */
   hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
+  uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
+                                         staying free the delay; 0 if not so (learn.c) */
 };
 
 /* A heap's statistics, per class (index HAK_CLASSES: large blocks), written
@@ -212,6 +214,7 @@ typedef struct hak_policy_s {
   int32_t thp;        /* HAK_THP_* */
   int32_t stats;      /* HAK_STATS_*: the report at exit */
   int32_t verbose;    /* print the configuration at start */
+  int32_t learn;      /* the learner tunes purge_delay_ms (learn.c) */
 } hak_policy_t;
 extern _Atomic(const hak_policy_t*) hak_policy_now;
 HAK_INLINE const hak_policy_t* hak_policy(void) {
@@ -224,6 +227,18 @@ void hak_policy_init(void);
 void hak_policy_print_table(int fd);
 void hak_policy_lock(void);
 void hak_policy_unlock(void);
+/* Publishes a copy of the current snapshot with purge_delay_ms changed (the learner). */
+void hak_policy_publish_delay(int32_t delay_ms);
+
+/* ---- the learner (learn.c) ------------------------------------------------ */
+
+/* The learner moves the purge delay within these bounds (docs/CONFIG.md). */
+#define HAK_LEARN_DELAY_MIN_MS 10
+#define HAK_LEARN_DELAY_MAX_MS 1000
+void hak_learn_step(uint32_t now_ms);
+void hak_learn_note_reuse(hak_segment_t* seg, uint32_t clean_units, uint32_t now_ms);
+void hak_learn_lock(void);
+void hak_learn_unlock(void);
 
 /* ---- globals ------------------------------------------------------------ */
 
@@ -475,6 +490,10 @@ void hak_process_init(void);
 typedef struct hak_counters_s {
   _Atomic size_t mmap_calls, munmap_calls, madvise_calls, mremap_calls;
   _Atomic size_t mapped_bytes, purged_bytes;
+  /* Units given back because they stayed free for the purge delay, and units
+   * taken again soon after that (a longer delay would have kept them): what
+   * the delay costs in memory and in page faults (learn.c). */
+  _Atomic size_t idle_purged_units, refaulted_units, learner_changes;
   /* Memory of segments in use or kept backed: headers, units in pages and
    * free units not purged yet (huge blocks are counted apart).  An upper
    * bound of what is resident: pages are touched as they are carved. */

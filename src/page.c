@@ -121,6 +121,7 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
 static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_segment_take_units(seg, idx, n);
   uint32_t reused = seg->dirty_units & hak_unit_mask(idx, n);
+  if (reused != hak_unit_mask(idx, n)) hak_learn_note_reuse(seg, hak_unit_mask(idx, n) & ~reused, hak_now_ms());
   seg->dirty_units &= ~reused;
   heap->dirty_units -= (size_t)__builtin_popcount(reused);
   hak_committed_add((size_t)(n - (unsigned)__builtin_popcount(reused)) << HAK_UNIT_SHIFT);
@@ -303,6 +304,7 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
       hak_heap_purge(heap, now_ms, false);
   }
   hak_segment_cache_purge(now_ms, false);
+  if (HAK_POLICY(learn)) hak_learn_step(now_ms);
 }
 
 /* Gives back the memory of the empty pages and of the free units of the
@@ -326,12 +328,17 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
     heap->empty_units -= page->units;
     page_release(heap, page, emptied);
   }
+  size_t idle = 0;
   for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
     uint32_t old = 0;
     for (uint32_t dirty = seg->dirty_units; dirty != 0; dirty &= dirty - 1) {
       unsigned u = (unsigned)__builtin_ctz(dirty);
       uint32_t unit_due = seg->unit_freed_ms[u] + (uint32_t)delay;
-      if (all || (delay > 0 && (int32_t)(now_ms - unit_due) >= 0)) {
+      bool waited = delay > 0 && (int32_t)(now_ms - unit_due) >= 0;
+      /* Stamped if it waited the delay: taken again soon, it is a refault (learn.c). */
+      seg->unit_purged_ms[u] = waited ? now_ms | 1 : 0;
+      idle += waited;
+      if (all || waited) {
         old |= 1u << u;
       } else {
         left++;
@@ -349,6 +356,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
   }
   heap->dirty_units = left;
   heap->purge_due_ms = due;
+  if (idle != 0) hak_count(idle_purged_units, idle);
 }
 
 /* Moves every segment of from into heap (used when a heap absorbs an

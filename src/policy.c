@@ -58,6 +58,9 @@ static const hak_option_t options[] = {
      "statistics at exit: on (a report on stderr), json:PATH (the same as JSON into PATH)",
      hak_stats_path},
     {"VERBOSE", FIELD(verbose), 0, 0, 1, bool_names, "print the effective configuration on stderr at start", NULL},
+    {"LEARN", FIELD(learn), 0, 0, 1, bool_names,
+     "the learner: moves the purge delay between 10 and 1000 ms, from how much memory it gives back "
+     "unused against how much is faulted in again soon after (needs a delay above 0)", NULL},
 };
 #define OPTION_COUNT (sizeof options / sizeof options[0])
 
@@ -150,18 +153,20 @@ static const hak_option_t* option_find(const char* name, size_t len) {
 void hak_policy_lock(void) { pthread_mutex_lock(&publish_lock); }
 void hak_policy_unlock(void) { pthread_mutex_unlock(&publish_lock); }
 
-/* Publishes a copy of the current snapshot with one option changed. */
-static void publish(const hak_option_t* opt, int32_t value) {
+/* Publishes a copy of the current snapshot with the field at offset set to value. */
+static void publish(size_t offset, int32_t value) {
   pthread_mutex_lock(&publish_lock);
   const hak_policy_t* now = hak_policy();
   hak_policy_t* next = &snapshots[++snapshot_count % HAK_POLICY_RING];
   for (size_t i = 0; i < OPTION_COUNT; i++) {
-    int32_t v = &options[i] == opt ? value : option_value(now, &options[i]);
+    int32_t v = options[i].offset == offset ? value : option_value(now, &options[i]);
     __atomic_store_n(option_field(next, &options[i]), v, __ATOMIC_RELAXED);
   }
   atomic_store_explicit(&hak_policy_now, next, memory_order_release);
   pthread_mutex_unlock(&publish_lock);
 }
+
+void hak_policy_publish_delay(int32_t delay_ms) { publish(FIELD(purge_delay_ms), delay_ms); }
 
 void hak_policy_init(void) {
   hak_policy_t* policy = &snapshots[0];
@@ -197,6 +202,6 @@ HAK_API int hak_option_set(const char* name, long value) {
   const hak_option_t* opt = name ? option_find(name, strlen(name)) : NULL;
   if (opt == NULL) return EINVAL;
   if (value < opt->min || value > opt->max) return ERANGE;
-  publish(opt, (int32_t)value);
+  publish(opt->offset, (int32_t)value);
   return 0;
 }

@@ -101,7 +101,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
    * are counted as pages take them. */
   if (!dirty) {
     hak_committed_add(HAK_SEG_HDR_SIZE);
-    seg->dirty_units = 0;
+    seg->dirty_units = 0; /* unit_purged_ms: zero from the OS, else stamped as it was cached */
   }
   /* A purged header reads as zero only after MADV_DONTNEED, not MADV_FREE. */
   if (dirty || HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
@@ -121,9 +121,16 @@ static bool purge_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
   return delay >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)delay) >= 0;
 }
 
-static void cache_clean_push(hak_segment_t* seg) {
+/* Purges a free segment into the clean cache.  Its units still backed are
+ * stamped (the header is written again anyway) if they go for having stayed
+ * free the delay, so that their next owner can tell a refault (learn.c). */
+static void cache_clean_push(hak_segment_t* seg, bool waited, uint32_t now_ms) {
+  uint32_t dirty = seg->dirty_units;
   hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
-  hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)__builtin_popcount(seg->dirty_units) << HAK_UNIT_SHIFT));
+  hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)__builtin_popcount(dirty) << HAK_UNIT_SHIFT));
+  for (unsigned u = 0; u < HAK_UNITS; u++)
+    seg->unit_purged_ms[u] = waited && (dirty >> u & 1) ? now_ms | 1 : 0;
+  if (waited && dirty != 0) hak_count(idle_purged_units, (size_t)__builtin_popcount(dirty));
   seg->dirty_units = 0;
   pthread_mutex_lock(&segment_lock);
   seg->next = cache_clean;
@@ -146,7 +153,9 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   size_t kept = 0;
   for (hak_segment_t **link = &cache_dirty, *seg; (seg = *link) != NULL;) {
     bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && delay >= 0;
-    if (all || over || purge_due(seg->unit_freed_ms[0], now_ms, delay)) {
+    bool waited = delay > 0 && purge_due(seg->unit_freed_ms[0], now_ms, delay);
+    if (all || over || waited) {
+      seg->unit_purged_ms[0] = waited; /* the header is no free unit: a note for the loop below */
       *link = seg->next;
       seg->next = purge;
       purge = seg;
@@ -161,7 +170,7 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   pthread_mutex_unlock(&segment_lock);
   while (purge != NULL) {
     hak_segment_t* next = purge->next;
-    cache_clean_push(purge);
+    cache_clean_push(purge, purge->unit_purged_ms[0] != 0, now_ms);
     purge = next;
   }
 }
@@ -173,7 +182,7 @@ void hak_segment_release(hak_segment_t* seg) {
   atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
   uint32_t now = hak_now_ms();
   if (HAK_POLICY(purge_delay_ms) == 0) {
-    cache_clean_push(seg);
+    cache_clean_push(seg, false, now);
     return;
   }
   seg->unit_freed_ms[0] = now;

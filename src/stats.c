@@ -105,6 +105,10 @@ static void gather(hak_stats_t* st) {
   if (st->peak_committed_bytes < st->committed_bytes) st->peak_committed_bytes = st->committed_bytes;
   st->heaps = LOAD(heaps);
   st->lookup_failures = LOAD(lookup_failures);
+  st->purge_delay_ms = HAK_POLICY(purge_delay_ms);
+  st->idle_purged_bytes = LOAD(idle_purged_units) << HAK_UNIT_SHIFT;
+  st->refaulted_bytes = LOAD(refaulted_units) << HAK_UNIT_SHIFT;
+  st->learner_changes = LOAD(learner_changes);
 
   hak_usage_t u;
   hak_usage_get(&u);
@@ -148,6 +152,9 @@ HAK_API void hak_stats_get(hak_stats_t* out) {
   SINCE(remote_frees);
   SINCE(minor_faults);
   SINCE(major_faults);
+  SINCE(idle_purged_bytes);
+  SINCE(refaulted_bytes);
+  SINCE(learner_changes);
   for (unsigned c = 0; c < HAK_STAT_CLASSES; c++) {
     SINCE(classes[c].refills);
     SINCE(classes[c].retires);
@@ -235,6 +242,13 @@ static void report(out_t* o, const hak_stats_t* st) {
            human(st->rss_bytes, a, sizeof a), human(st->peak_rss_bytes, b, sizeof b), st->minor_faults,
            st->major_faults);
   put(o, line);
+  char learner[48] = "";
+  if (HAK_POLICY(learn)) snprintf(learner, sizeof learner, " (the learner's; %zu changes)", st->learner_changes);
+  snprintf(line, sizeof line, "hakmem: purge delay %ld ms%s; given back after staying free that long %s, "
+           "of which taken again within twice the delay %s\n",
+           st->purge_delay_ms, learner, human(st->idle_purged_bytes, a, sizeof a),
+           human(st->refaulted_bytes, b, sizeof b));
+  put(o, line);
   put(o, st->observed ? "hakmem: class   block    live  pages  refills  retires |  remote | alloc: current "
                         "partial  refill | free: current partial   empty  remote\n"
                       : "hakmem: class   block    live  pages  refills  retires\n");
@@ -278,8 +292,10 @@ static void report_json(out_t* o, const hak_stats_t* st) {
   put(o, line);
   snprintf(line, sizeof line,
            " \"process\": {\"rss_bytes\": %zu, \"peak_rss_bytes\": %zu, \"minor_faults\": %zu, "
-           "\"major_faults\": %zu},\n \"classes\": [",
-           st->rss_bytes, st->peak_rss_bytes, st->minor_faults, st->major_faults);
+           "\"major_faults\": %zu},\n \"purge\": {\"delay_ms\": %ld, \"idle_purged_bytes\": %zu, "
+           "\"refaulted_bytes\": %zu, \"learner_changes\": %zu},\n \"classes\": [",
+           st->rss_bytes, st->peak_rss_bytes, st->minor_faults, st->major_faults, st->purge_delay_ms,
+           st->idle_purged_bytes, st->refaulted_bytes, st->learner_changes);
   put(o, line);
   for (unsigned k = 0; k < HAK_STAT_CLASSES; k++) {
     const hak_class_stats_t* s = &st->classes[k];

@@ -1,0 +1,168 @@
+/* test_learn: the learner (HAKMEM_LEARN).  Memory freed and never taken
+ * again within the delay makes it shorten the purge delay; memory given back
+ * and taken again soon after makes it lengthen it; whatever the program does,
+ * every delay it publishes stays within [HAK_LEARN_DELAY_MIN_MS,
+ * HAK_LEARN_DELAY_MAX_MS]; the slow paths follow the delay it published
+ * (freed memory is given back sooner); switched off, it changes nothing.
+ * Linked with hakmem_api (the hak_* API beside glibc) and src/internal.h. */
+#define _GNU_SOURCE
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+#include "internal.h"
+#include "test_util.h"
+
+enum { BLOCK = 256 * 1024, BLOCKS = 32 }; /* 8 MiB of large blocks, 4 units each */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static long delay_now(void) {
+  long v = -2;
+  REQUIRE(hak_option_get("PURGE_DELAY_MS", &v) == 0);
+  return v;
+}
+
+/* Every delay seen while the learner runs, checked against its bounds. */
+static long seen_min = 1L << 30, seen_max = -1;
+static void observe(void) {
+  long d = delay_now();
+  if (d < seen_min) seen_min = d;
+  if (d > seen_max) seen_max = d;
+}
+
+/* 8 MiB in large blocks, every page touched, then all freed. */
+static void burst(void) {
+  static void* b[BLOCKS];
+  for (int i = 0; i < BLOCKS; i++) {
+    REQUIRE((b[i] = hak_malloc(BLOCK)) != NULL);
+    memset(b[i], 7, BLOCK);
+  }
+  for (int i = 0; i < BLOCKS; i++) hak_free(b[i]);
+}
+
+/* ms milliseconds of light work: a page event every 2 ms (one large block
+ * made and freed), so that purges and the learner's decisions can run. */
+static void light(double ms) {
+  double end = now_s() + ms / 1000.0;
+  const struct timespec pause = {0, 2000000};
+  while (now_s() < end) {
+    void* p = hak_malloc(BLOCK);
+    REQUIRE(p != NULL);
+    ((volatile char*)p)[0] = 1;
+    hak_free(p);
+    observe();
+    nanosleep(&pause, NULL);
+  }
+}
+
+static size_t changes(void) {
+  hak_stats_t st;
+  hak_stats_get(&st);
+  return st.learner_changes;
+}
+
+static size_t idle_purged(void) {
+  hak_stats_t st;
+  hak_stats_get(&st);
+  return st.idle_purged_bytes;
+}
+
+/* Bursts whose memory is not wanted again for four delays: given back unused. */
+static void test_shortens(void) {
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", 100) == 0);
+  size_t before = changes();
+  double end = now_s() + 5.0;
+  while (delay_now() > 40 && now_s() < end) {
+    burst();
+    light(4.0 * (double)delay_now());
+  }
+  long d = delay_now();
+  printf("  shortens: 100 ms -> %ld ms after %zu changes\n", d, changes() - before);
+  CHECK(d <= 40);
+  CHECK(changes() > before);
+}
+
+/* Right after the learner shortened the delay, the slow paths purge on the
+ * new one: 8 MiB freed is given back well before the old 100 ms. */
+static void test_followed(void) {
+  long d = delay_now();
+  REQUIRE(d <= 40);
+  light(3.0 * (double)d); /* what earlier bursts left is purged first */
+  size_t before = idle_purged();
+  burst();
+  light(2.0 * (double)d + 10);
+  size_t purged = idle_purged() - before;
+  printf("  followed: %zu KiB given back within %ld ms at a delay of %ld ms\n", purged >> 10, 2 * d + 10, d);
+  CHECK(purged >= (size_t)4 << 20);
+}
+
+/* Bursts whose memory is taken again soon after the delay gave it back. */
+static void test_lengthens(void) {
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", 100) == 0);
+  size_t before = changes();
+  double end = now_s() + 8.0;
+  while (delay_now() < 400 && now_s() < end) {
+    burst();
+    light(1.5 * (double)delay_now());
+  }
+  long d = delay_now();
+  printf("  lengthens: 100 ms -> %ld ms after %zu changes\n", d, changes() - before);
+  CHECK(d >= 400);
+  CHECK(changes() > before);
+}
+
+/* A start below the bounds, then bursts with random pauses: every delay
+ * seen within them once the learner has decided. */
+static void test_stays_in_range(void) {
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", 5) == 0);
+  size_t before = changes();
+  double end = now_s() + 5.0;
+  while (changes() == before && now_s() < end) { /* the first decision brings it into range */
+    burst();
+    light(50);
+  }
+  CHECK(changes() > before);
+  seen_min = 1L << 30;
+  seen_max = -1;
+  hak_rng r;
+  hak_rng_seed(&r, 7);
+  end = now_s() + 3.0;
+  while (now_s() < end) { /* pauses of half the delay to four times it: both ways */
+    burst();
+    light((double)delay_now() * (double)hak_rng_range(&r, 1, 8) / 2.0);
+  }
+  printf("  range: delays seen %ld..%ld ms\n", seen_min, seen_max);
+  CHECK(seen_min >= HAK_LEARN_DELAY_MIN_MS);
+  CHECK(seen_max <= HAK_LEARN_DELAY_MAX_MS);
+}
+
+/* Off, the same bursts change nothing. */
+static void test_off(void) {
+  REQUIRE(hak_option_set("LEARN", 0) == 0);
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", 100) == 0);
+  size_t before = changes();
+  for (int i = 0; i < 3; i++) {
+    burst();
+    light(400);
+  }
+  CHECK(delay_now() == 100);
+  CHECK(changes() == before);
+}
+
+int main(void) {
+  long learn = -1;
+  REQUIRE(hak_option_get("LEARN", &learn) == 0);
+  CHECK(learn == 0); /* off by default */
+  REQUIRE(hak_option_set("LEARN", 1) == 0);
+  test_shortens();
+  test_followed();
+  test_lengthens();
+  test_stays_in_range();
+  test_off();
+  return hak_test_result("test_learn");
+}
