@@ -75,6 +75,7 @@ static size_t idle_purged(void) {
 /* Bursts whose memory is not wanted again for four delays: given back unused. */
 static void test_shortens(void) {
   REQUIRE(hak_option_set("PURGE_DELAY_MS", 100) == 0);
+  const hak_policy_t* snapshot = hak_policy();
   size_t before = changes();
   double end = now_s() + 5.0;
   while (delay_now() > 40 && now_s() < end) {
@@ -85,6 +86,8 @@ static void test_shortens(void) {
   printf("  shortens: 100 ms -> %ld ms after %zu changes\n", d, changes() - before);
   CHECK(d <= 40);
   CHECK(changes() > before);
+  CHECK(hak_policy() != snapshot);        /* published as new snapshots */
+  CHECK(snapshot->purge_delay_ms == 100); /* the old one as it was */
 }
 
 /* Right after the learner shortened the delay, the slow paths purge on the
