@@ -45,16 +45,11 @@ void hak_heaps_unlock(void) {
 
 /* ---- current pages -------------------------------------------------------- */
 
-/* The class's current page is the first of its queue; direct slots of small
- * sizes point at it too. */
-void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
-  hak_page_t* page = heap->queue[cls].first ? heap->queue[cls].first : &hak_page_empty;
-  heap->current[cls] = page;
+/* The direct slots of a small class (sizes up to HAK_SMALL_MAX, by 16 bytes). */
+void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   size_t size = hak_class_size[cls];
-  if (size <= HAK_SMALL_MAX) {
-    size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
-    for (size_t s = lo; s <= size / 16; s++) heap->direct[s] = page;
-  }
+  size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
+  for (size_t s = lo; s <= size / 16; s++) heap->direct[s] = page;
 }
 
 static void heap_reset_current(hak_heap_t* heap) {

@@ -262,6 +262,39 @@ enum {
                              its header is one segment below */
 };
 
+/* ---- page queues (doubly linked; inline: the slow paths of mid-size
+ * classes, whose pages fill and empty often, move pages at every turn) ---- */
+
+HAK_INLINE void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page) {
+  page->prev = NULL;
+  page->next = q->first;
+  if (q->first) q->first->prev = page; else q->last = page;
+  q->first = page;
+}
+
+HAK_INLINE void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page) {
+  page->next = NULL;
+  page->prev = q->last;
+  if (q->last) q->last->next = page; else q->first = page;
+  q->last = page;
+}
+
+HAK_INLINE void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page) {
+  if (page->prev) page->prev->next = page->next; else q->first = page->next;
+  if (page->next) page->next->prev = page->prev; else q->last = page->prev;
+  page->next = page->prev = NULL;
+}
+
+/* The class's current page is the first of its queue; the direct slots of
+ * the small classes (those up to HAK_SMALL_MAX) point at it too. */
+#define HAK_DIRECT_CLASSES 24 /* hak_class_of(HAK_SMALL_MAX) + 1 */
+void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
+HAK_INLINE void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
+  hak_page_t* page = heap->queue[cls].first ? heap->queue[cls].first : &hak_page_empty;
+  heap->current[cls] = page;
+  if (cls < HAK_DIRECT_CLASSES) hak_heap_set_direct(heap, cls, page);
+}
+
 /* ---- inline helpers ------------------------------------------------------ */
 
 /* Size -> class, for 0 < size <= HAK_CLASS_MAX_SIZE. */
@@ -437,9 +470,6 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page);
 void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms);
 void hak_page_trim(hak_page_t* page);
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size);
-void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page);
-void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page);
-void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
 void hak_segments_set_owner(hak_heap_t* heap);
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all);
@@ -448,7 +478,6 @@ void hak_heap_purge_by(hak_heap_t* heap, uint32_t due_ms);
 void hak_segments_fork_child(hak_heap_t* survivor);
 
 /* heap.c */
-void hak_heap_set_current(hak_heap_t* heap, unsigned cls);
 void* hak_heap_alloc(hak_heap_t* heap, size_t size);
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);

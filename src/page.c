@@ -5,28 +5,6 @@
 
 #include "internal.h"
 
-/* ---- page queues (doubly linked) ---------------------------------------- */
-
-void hak_queue_push_front(hak_page_queue_t* q, hak_page_t* page) {
-  page->prev = NULL;
-  page->next = q->first;
-  if (q->first) q->first->prev = page; else q->last = page;
-  q->first = page;
-}
-
-void hak_queue_push_back(hak_page_queue_t* q, hak_page_t* page) {
-  page->next = NULL;
-  page->prev = q->last;
-  if (q->last) q->last->next = page; else q->first = page;
-  q->last = page;
-}
-
-void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page) {
-  if (page->prev) page->prev->next = page->next; else q->first = page->next;
-  if (page->next) page->next->prev = page->prev; else q->last = page->prev;
-  page->next = page->prev = NULL;
-}
-
 /* ---- segment lists of a heap -------------------------------------------- */
 
 static void seg_push(hak_segment_t** list, hak_segment_t* seg) {
