@@ -362,6 +362,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   heap->kind = HAK_HEAP_EMPTY;
   heap->tid = 0; /* a later thread may get this thread's id */
   hak_segments_set_owner(heap);
+  heap->abandoned_ms = hak_now_ms();
   pthread_mutex_lock(&heaps_lock);
   hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
   heap->pool_next = *pool;
@@ -370,15 +371,29 @@ void hak_thread_heap_done(hak_heap_t* heap) {
 }
 
 /* A live heap short of memory takes over an abandoned heap's segments and
- * pages instead of mapping more.  Returns false if there was none. */
+ * pages instead of mapping more: the one abandoned longest, once no starting
+ * thread has taken it for the purge delay.  Returns false if there was none. */
 bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   /* The global heap serves only stray allocations of exiting threads and is
    * collected rarely: memory it absorbed would stay out of reach. */
   if (heap->kind != HAK_HEAP_THREAD) return false;
   if (__atomic_load_n(&abandoned_pool, __ATOMIC_RELAXED) == NULL) return false;
+  /* Not sooner: where threads come and go, each starting thread adopts the
+   * heap of one that went and fills its pages; a heap absorbed meanwhile
+   * would leave the next thread to start from nothing, its own pages queued
+   * behind the absorber's (thread churn held 40 segments instead of 10, and
+   * 1.5x glibc's peak RSS).  The oldest is last in the pool. */
+  uint32_t now = hak_now_ms();
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  uint32_t wait = delay > 0 ? (uint32_t)delay : 0;
   pthread_mutex_lock(&heaps_lock);
-  hak_heap_t* from = abandoned_pool;
-  if (from != NULL) __atomic_store_n(&abandoned_pool, from->pool_next, __ATOMIC_RELAXED);
+  hak_heap_t** at = &abandoned_pool;
+  while (*at != NULL && (*at)->pool_next != NULL) at = &(*at)->pool_next;
+  hak_heap_t* from = *at;
+  if (from != NULL && (int32_t)(now - from->abandoned_ms) >= (int32_t)wait)
+    __atomic_store_n(at, from->pool_next, __ATOMIC_RELAXED);
+  else
+    from = NULL;
   pthread_mutex_unlock(&heaps_lock);
   if (from == NULL) return false;
   hak_segments_move(heap, from);

@@ -66,8 +66,8 @@ void hak_heap_check(struct hak_heap_s* heap);
 #define HAK_EMPTY_UNITS_KEEP 16
 /* Free units a heap keeps backed at most, waiting for the purge delay (16 MiB). */
 #define HAK_DIRTY_UNITS_MAX 256
-/* Free units an exiting thread's heap may keep backed (512 KiB). */
-#define HAK_EXIT_DIRTY_UNITS_KEEP 8
+/* Free units an exiting thread's heap may keep backed (128 KiB). */
+#define HAK_EXIT_DIRTY_UNITS_KEEP 2
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
 /* Requests above this can never be satisfied (and keep size arithmetic safe). */
@@ -181,6 +181,7 @@ struct hak_heap_s {
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
+  uint32_t abandoned_ms;                /* when its thread ended (in the abandoned pool) */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
   hak_heap_t* all_next;                 /* every heap ever made (stats) */

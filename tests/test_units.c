@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -214,6 +215,34 @@ static void test_abandon_adopt(void) {
   CHECK(atomic_load(&hak_counters.heaps_adopted) == adopted + 1);
 }
 
+/* A live heap short of units takes over an exited thread's heap only once no
+ * starting thread has adopted it for the purge delay: until then it maps a
+ * segment of its own. */
+static void test_absorb_after_delay(void) {
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", 100) == 0);
+  hak_free(hak_malloc(16)); /* this thread has a heap */
+  hak_heap_t* self = hak_tls_heap;
+  pthread_t t;
+  pthread_create(&t, NULL, leaver, NULL);
+  pthread_join(t, NULL);
+  hak_segment_t* seg = hak_segment_of(left_blocks[0]);
+  CHECK(hak_segment_heap(seg) == leaver_heap);
+  enum { BIG = 40 };
+  static void* big[BIG];
+  /* 1 MiB blocks take 16 units each: this heap soon needs new ones. */
+  size_t segments = atomic_load(&hak_counters.segments);
+  for (int i = 0; i < 4; i++) REQUIRE((big[i] = hak_malloc(1 << 20)) != NULL);
+  CHECK(atomic_load(&hak_counters.segments) > segments);  /* it was short of units */
+  CHECK(hak_segment_heap(seg) == leaver_heap); /* but too soon: left for a starting thread */
+  struct timespec pause = {0, 150 * 1000000};
+  nanosleep(&pause, NULL);
+  int i = 4;
+  for (; i < BIG && hak_segment_heap(seg) != self; i++) REQUIRE((big[i] = hak_malloc(1 << 20)) != NULL);
+  CHECK(hak_segment_heap(seg) == self); /* absorbed, blocks and all */
+  for (int k = 0; k < i; k++) hak_free(big[k]);
+  for (int k = 0; k < 64; k++) hak_free(left_blocks[k]);
+}
+
 /* ---- huge blocks ------------------------------------------------------------ */
 
 static size_t counter(_Atomic size_t* c) { return atomic_load(c); }
@@ -285,6 +314,7 @@ int main(void) {
   test_unit_runs();
   test_remote_free();
   test_abandon_adopt();
+  test_absorb_after_delay();
   test_huge_cache_and_remap();
   test_invariant_check();
   return hak_test_result("test_units");
