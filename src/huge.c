@@ -105,8 +105,10 @@ size_t hak_huge_cached_bytes(void) {
   return bytes;
 }
 
-/* Unmaps every cached mapping (malloc_trim). */
-void hak_huge_cache_flush(void) {
+/* Unmaps every cached mapping (malloc_trim, and a mapping that failed:
+ * under an address-space limit the cache holds what the next one needs).
+ * Returns whether it unmapped any. */
+bool hak_huge_cache_flush(void) {
   hak_segment_t* cached[HUGE_CACHE_SLOTS];
   int n = 0;
   pthread_mutex_lock(&huge_lock);
@@ -118,6 +120,7 @@ void hak_huge_cache_flush(void) {
   huge_cache_bytes = 0;
   pthread_mutex_unlock(&huge_lock);
   for (int i = 0; i < n; i++) hak_os_unmap(cached[i], cached[i]->map_size);
+  return n != 0;
 }
 
 /* Keeps a freed mapping, evicting the oldest if the cache is full. */
@@ -173,6 +176,13 @@ static void huge_map(hak_segment_t* seg, bool on) {
   }
 }
 
+/* A mapping of total bytes whose header is 2 MiB aligned and whose block
+ * (one segment above it when align exceeds 2 MiB) is aligned to align. */
+static uint8_t* huge_map_aligned(size_t total, size_t align) {
+  return align <= HAK_SEG_SIZE ? hak_os_map_aligned(total, HAK_SEG_SIZE, 0)
+                               : hak_os_map_aligned(total, align, HAK_SEG_SIZE);
+}
+
 /* Fits a cached mapping to total bytes: keeps the backed tail of a larger one
  * (within HUGE_SPARE_MAX) or trims it, grows a smaller one in place or moves
  * it with mremap.  NULL if it could not (the mapping is then gone). */
@@ -221,8 +231,8 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   /* The header sits on a 2 MiB boundary; with a larger alignment, that
    * boundary is one segment below an aligned address.  The mapping kept is
    * at most size + alignment (plus a page of rounding). */
-  uint8_t* base = align <= HAK_SEG_SIZE ? hak_os_map_aligned(total, HAK_SEG_SIZE, 0)
-                                        : hak_os_map_aligned(total, align, HAK_SEG_SIZE);
+  uint8_t* base = huge_map_aligned(total, align);
+  if (base == NULL && hak_huge_cache_flush()) base = huge_map_aligned(total, align);
   if (base == NULL) {
     errno = ENOMEM;
     return NULL;

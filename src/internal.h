@@ -505,7 +505,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero);
 void hak_huge_lock(void);
 void hak_huge_unlock(void);
 void hak_huge_free(hak_segment_t* seg);
-void hak_huge_cache_flush(void);
+bool hak_huge_cache_flush(void);
 size_t hak_huge_usable(hak_segment_t* seg, const void* p);
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
 

@@ -67,8 +67,10 @@ static hak_segment_t* segment_from_os(void) {
     uint8_t* chunk = hak_os_map_aligned(HAK_ARENA_CHUNK, HAK_SEG_SIZE, 0);
     size_t size = HAK_ARENA_CHUNK;
     if (chunk == NULL) { /* address space is tight (ulimit -v): one at a time */
-      chunk = hak_os_map_aligned(HAK_SEG_SIZE, HAK_SEG_SIZE, 0);
       size = HAK_SEG_SIZE;
+      chunk = hak_os_map_aligned(size, HAK_SEG_SIZE, 0);
+      /* The huge-block cache's mappings count against the limit too. */
+      if (chunk == NULL && hak_huge_cache_flush()) chunk = hak_os_map_aligned(size, HAK_SEG_SIZE, 0);
       if (chunk == NULL) return NULL;
     }
     hak_os_thp(chunk, size);

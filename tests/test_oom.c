@@ -1,0 +1,136 @@
+/* test_oom: out of memory under an address-space limit (ulimit -v).  In a
+ * child whose RLIMIT_AS leaves 192 MiB above what it has mapped, blocks of
+ * every size range (small, mid, large, huge) are allocated until malloc
+ * fails; each failure must be NULL with errno ENOMEM, never an abort.  Then
+ * half the blocks are freed and allocation must succeed again, three times
+ * over; the blocks kept must keep their contents; calloc and realloc fail
+ * cleanly too (realloc leaving the block as it was); and once everything is
+ * freed, a block as big as the most held at once fits again (nothing leaked
+ * inside the allocator).  Linked with hakmem. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "test_util.h"
+
+enum { SLOTS = 65536 };
+static unsigned char* blocks[SLOTS];
+static size_t sizes[SLOTS];
+
+static size_t mapped_bytes(void) {
+  FILE* f = fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  if (f != NULL) {
+    if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+    fclose(f);
+  }
+  return pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static size_t pick(hak_rng* r) {
+  unsigned u = (unsigned)(hak_rng_next(r) % 100);
+  if (u < 60) return hak_rng_range(r, 1, 1024);
+  if (u < 85) return hak_rng_range(r, 1025, 128 * 1024);
+  if (u < 97) return hak_rng_range(r, 128 * 1024 + 1, 1 << 20);
+  return hak_rng_range(r, (1 << 20) + 1, 8 << 20);
+}
+
+/* Fills free slots until malloc fails; returns how many it filled. */
+static size_t fill(hak_rng* r, size_t* failures) {
+  size_t got = 0;
+  for (size_t i = 0; i < SLOTS; i++) {
+    if (blocks[i] != NULL) continue;
+    size_t n = pick(r);
+    errno = 0;
+    unsigned char* p = malloc(n);
+    if (p == NULL) {
+      CHECK(errno == ENOMEM);
+      if (++*failures >= 64) break; /* the limit is reached for good */
+      continue;
+    }
+    hak_pattern_fill(p, n, (uintptr_t)i);
+    blocks[i] = p;
+    sizes[i] = n;
+    got++;
+  }
+  return got;
+}
+
+static void check_and_free(size_t i) {
+  if (blocks[i] == NULL) return;
+  CHECK(hak_pattern_check(blocks[i], sizes[i], (uintptr_t)i) == sizes[i]);
+  free(blocks[i]);
+  blocks[i] = NULL;
+}
+
+static int child(void) {
+  struct rlimit lim;
+  REQUIRE(getrlimit(RLIMIT_AS, &lim) == 0);
+  size_t cap = mapped_bytes() + ((size_t)192 << 20);
+  lim.rlim_cur = cap;
+  REQUIRE(setrlimit(RLIMIT_AS, &lim) == 0);
+  hak_rng r;
+  hak_rng_seed(&r, 99);
+  size_t most = 0;
+  for (int round = 0; round < 3; round++) {
+    size_t failures = 0;
+    size_t got = fill(&r, &failures);
+    printf("round %d: %zu blocks allocated, %zu failures\n", round, got, failures);
+    CHECK(got > 0);
+    CHECK(failures > 0); /* the limit was reached */
+    size_t held = 0;
+    for (size_t i = 0; i < SLOTS; i++) held += blocks[i] ? sizes[i] : 0;
+    if (held > most) most = held;
+    /* At the limit: calloc and realloc fail cleanly too. */
+    errno = 0;
+    CHECK(calloc(1, (size_t)512 << 20) == NULL && errno == ENOMEM);
+    size_t k = 0;
+    while (k < SLOTS && blocks[k] == NULL) k++;
+    REQUIRE(k < SLOTS);
+    errno = 0;
+    CHECK(realloc(blocks[k], (size_t)512 << 20) == NULL && errno == ENOMEM);
+    for (size_t i = 0; i < SLOTS; i += 2) check_and_free(i); /* also checks blocks[k] */
+  }
+  for (size_t i = 0; i < SLOTS; i++) check_and_free(i);
+  /* Everything freed: the most held at once fits again, in one block. */
+  size_t want = most / 2;
+  unsigned char* big = malloc(want);
+  printf("after freeing all: %zu MiB in one block %s\n", want >> 20, big ? "ok" : "failed");
+  CHECK(big != NULL);
+  if (big != NULL) {
+    memset(big, 1, want);
+    free(big);
+  }
+  /* And small blocks still come. */
+  for (int i = 0; i < 1000; i++) {
+    void* p = malloc(48);
+    CHECK(p != NULL);
+    free(p);
+  }
+  return hak_test_result("test_oom (child)");
+}
+
+int main(void) {
+  HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
+  fflush(stdout);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int rc = child();
+    fflush(stdout);
+    _exit(rc);
+  }
+  int status;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  if (WIFSIGNALED(status)) fprintf(stderr, "the child died of signal %d\n", WTERMSIG(status));
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  return hak_test_result("test_oom");
+}
