@@ -159,6 +159,12 @@ static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
   hak_heap_check(heap);
 }
 
+/* A block freed twice in a row: found at the head of its page's free list
+ * (or of the heap's remote list). */
+void hak_double_free(const hak_page_t* page, const void* p) {
+  hak_fatal_class("double free of", p, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
+}
+
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
   HAK_OBSERVE_ADD(heap->stats.free_empty[hak_stat_class(page)]);
   if (page->cls != HAK_CLASS_LARGE && heap->current[page->cls] == page) return;
@@ -177,6 +183,7 @@ void hak_heap_flush_empty(hak_heap_t* heap) {
 
 /* Frees block b (its start) of a page that heap owns. */
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
+  if (unlikely(b == page->free)) hak_double_free(page, b);
   b->next = page->free;
   page->free = b;
   if (page->in_full) {

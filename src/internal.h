@@ -379,6 +379,7 @@ void* hak_alloc_slow(hak_heap_t* heap, size_t size);
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
 HAK_COLD void hak_free_special(void* p);
+HAK_COLD __attribute__((noreturn)) void hak_double_free(const hak_page_t* page, const void* p);
 
 /* ---- the fast paths ------------------------------------------------------ */
 
@@ -405,7 +406,8 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
 }
 
 /* free: check the segment map, mask to the segment, and if this thread owns
- * it and p starts a block of a page that is not full, push it.
+ * it and p starts a block of a page that is not full, push it (unless it is
+ * the block at the head of the free list: a double free, the common one).
  * Everything else (NULL, foreign pointers, huge blocks, other threads' blocks,
  * aligned blocks) goes to the slow paths. */
 HAK_INLINE void hak_free_inline(void* p) {
@@ -418,7 +420,9 @@ HAK_INLINE void hak_free_inline(void* p) {
   if (likely(atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) == hak_thread_id() &&
              hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
-    b->next = page->free;
+    hak_block_t* head = page->free;
+    if (unlikely(b == head)) hak_double_free(page, p); /* the block freed last, again */
+    b->next = head;
     page->free = b;
 #if HAK_OBSERVE
     hak_heap_t* heap = hak_tls_heap;
@@ -449,6 +453,8 @@ uint32_t hak_now_ms(void);
 
 /* report.c */
 HAK_COLD __attribute__((noreturn)) void hak_fatal(const char* what, const void* p);
+/* The same with " (class N)" after the address (cls < 0: without). */
+HAK_COLD __attribute__((noreturn)) void hak_fatal_class(const char* what, const void* p, int cls);
 void hak_write_stderr(const char* s);
 void hak_write_fd(int fd, const char* s);
 

@@ -7,6 +7,9 @@
 void hak_remote_push(hak_heap_t* heap, hak_block_t* b) {
   hak_block_t* head = atomic_load_explicit(&heap->remote, memory_order_relaxed);
   do {
+    /* Pushed twice in a row, it would link to itself and its owner would
+     * collect it forever. */
+    if (unlikely(b == head)) hak_double_free(hak_page_of(hak_segment_of(b), b), b);
     b->next = head;
   } while (!atomic_compare_exchange_weak_explicit(&heap->remote, &head, b, memory_order_release,
                                                   memory_order_relaxed));

@@ -17,8 +17,21 @@ void hak_write_fd(int fd, const char* s) {
 
 void hak_write_stderr(const char* s) { hak_write_fd(2, s); }
 
+static size_t put_decimal(char* buf, size_t len, unsigned v) {
+  char digits[12];
+  int n = 0;
+  do {
+    digits[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n) buf[len++] = digits[--n];
+  return len;
+}
+
 /* "hakmem: <what> 0x<p>", then abort, as glibc does for a bad free. */
-void hak_fatal(const char* what, const void* p) {
+void hak_fatal(const char* what, const void* p) { hak_fatal_class(what, p, -1); }
+
+void hak_fatal_class(const char* what, const void* p, int cls) {
   char buf[256];
   size_t len = 0;
   const char* prefix = "hakmem: ";
@@ -35,6 +48,11 @@ void hak_fatal(const char* what, const void* p) {
     v >>= 4;
   } while (v);
   while (nd) buf[len++] = hex[--nd];
+  if (cls >= 0) {
+    for (const char* s = " (class "; *s; s++) buf[len++] = *s;
+    len = put_decimal(buf, len, (unsigned)cls);
+    buf[len++] = ')';
+  }
   buf[len++] = '\n';
   buf[len] = 0;
   hak_write_stderr(buf);
@@ -44,14 +62,7 @@ void hak_fatal(const char* what, const void* p) {
 #if HAK_DEBUG
 void hak_assert_fail(const char* expr, const char* file, int line) {
   char num[16];
-  int n = 0;
-  char digits[16];
-  do {
-    digits[n++] = (char)('0' + line % 10);
-    line /= 10;
-  } while (line > 0 && n < 15);
-  for (int i = 0; i < n; i++) num[i] = digits[n - 1 - i];
-  num[n] = 0;
+  num[put_decimal(num, 0, (unsigned)line)] = 0;
   hak_write_stderr("hakmem: assertion failed: ");
   hak_write_stderr(expr);
   hak_write_stderr(" at ");

@@ -1,7 +1,9 @@
-/* free() of a pointer hakmem does not own, or of one that is not the start of
- * a block, is reported on stderr in one line naming the address, and the
- * program aborts.  Each case runs in a child process.  Linked with hakmem. */
+/* free() of a pointer hakmem does not own, of one that is not the start of
+ * a block, or of the block freed just before (a double free, also from
+ * another thread), is reported on stderr in one line naming the address, and
+ * the program aborts.  Each case runs in a child process.  Linked with hakmem. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,44 @@ static void free_interior_huge(void) {
   free(p + 4096);
 }
 
+/* Double frees: the block freed last, freed again. */
+static void double_free_small(void) {
+  char* p = malloc(64);
+  free(p);
+  free(p);
+}
+
+static void double_free_mid(void) {
+  char* p = malloc(40000);
+  free(p);
+  free(p);
+}
+
+/* A block of a page found full: its first free goes through the slow path. */
+static void double_free_full_page(void) {
+  enum { N = 8192 };
+  static void* b[N];
+  for (int i = 0; i < N; i++) b[i] = malloc(48);
+  free(b[0]);
+  free(b[0]);
+}
+
+static void* free_twice(void* p) {
+  free(p);
+  free(p);
+  return NULL;
+}
+
+/* Freed twice by another thread than its owner: both go to the owner's
+ * remote list, where the second would link the block to itself. */
+static void double_free_remote(void) {
+  pthread_t t;
+  void* p = malloc(64);
+  pthread_create(&t, NULL, free_twice, p);
+  pthread_join(t, NULL);
+  free(malloc(64)); /* the owner collects */
+}
+
 static void check_reported(const char* name, void (*fn)(void), const char* fault) {
   char err[1024];
   /* The address is computed in the child; recompute it the same way here for
@@ -89,6 +129,11 @@ int main(void) {
   check_reported("static", free_glibc_style_foreign, "not allocated by hakmem");
   check_reported("interior", free_interior, "invalid pointer");
   check_reported("interior-huge", free_interior_huge, "invalid pointer");
+  check_reported("double-small", double_free_small, "double free of");
+  check_reported("double-small-class", double_free_small, "(class 3)");
+  check_reported("double-mid", double_free_mid, "double free of");
+  check_reported("double-full-page", double_free_full_page, "double free of");
+  check_reported("double-remote", double_free_remote, "double free of");
   /* And a valid free after all that still works in this process. */
   void* p = malloc(10);
   free(p);
