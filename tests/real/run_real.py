@@ -9,6 +9,10 @@ Usage: run_real.py --lib LIBHAKMEM --work DIR CASE [ARGS]
   python SCRIPT      the interpreter running this driver, PYTHONMALLOC=malloc
   sort               GNU sort (LC_ALL=C) on a generated multi-megabyte file
   cxx BINARY         a C++ program built without hakmem
+  sqlite3            the sqlite3 shell on a scripted workload (tables, indexes,
+                     joins, aggregates, updates) in an in-memory database
+  git                read-only git commands (log with diffs, grep, rev-list,
+                     archive) on a generated repository of 30 commits
 """
 import argparse
 import hashlib
@@ -33,6 +37,55 @@ def generate_sort_input(path):
         lines.append("%08x\t%d\t%s\n" % (rng.getrandbits(32), rng.randint(-10**6, 10**6), word))
     with open(path, "w", encoding="ascii") as f:
         f.write("".join(lines))
+
+
+SQLITE_SCRIPT = """
+CREATE TABLE item(id INTEGER PRIMARY KEY, name TEXT, grp INTEGER, price REAL, note TEXT);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 60000)
+INSERT INTO item SELECT i, 'item-' || (i * 7919 % 60000), i % 97, (i * 37 % 1000) / 10.0,
+  printf('%0*d', 1 + i % 300, i) FROM n;
+CREATE TABLE grp(id INTEGER PRIMARY KEY, label TEXT);
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 96)
+INSERT INTO grp SELECT i, 'group ' || i FROM n;
+CREATE INDEX item_name ON item(name);
+CREATE INDEX item_grp_price ON item(grp, price);
+SELECT count(*), sum(price), min(name), max(name), sum(length(note)) FROM item;
+SELECT g.label, count(*), round(avg(i.price), 3), max(length(i.note))
+  FROM item i JOIN grp g ON g.id = i.grp GROUP BY g.id ORDER BY g.id;
+SELECT name, price FROM item WHERE name LIKE 'item-12%' ORDER BY name LIMIT 50;
+UPDATE item SET note = note || note WHERE id % 5 = 0;
+DELETE FROM item WHERE id % 7 = 0;
+SELECT count(*), sum(length(note)) FROM item;
+SELECT grp, group_concat(id, ',') FROM (SELECT grp, id FROM item WHERE id < 3000 ORDER BY id) GROUP BY grp;
+VACUUM;
+SELECT count(*) FROM item i1 JOIN item i2 ON i1.grp = i2.grp AND i1.id < i2.id WHERE i1.id < 2000 AND i2.id < 2000;
+"""
+
+
+def make_git_repo(repo):
+    """A repository of 30 commits over 200 files, the same on every run."""
+    if os.path.isdir(os.path.join(repo, ".git")):
+        return
+    os.makedirs(repo, exist_ok=True)
+    env = dict(os.environ, GIT_AUTHOR_NAME="hakmem", GIT_AUTHOR_EMAIL="hakmem@example.org",
+               GIT_COMMITTER_NAME="hakmem", GIT_COMMITTER_EMAIL="hakmem@example.org",
+               GIT_CONFIG_NOSYSTEM="1", HOME=repo)
+    git = ["git", "-C", repo, "-c", "init.defaultBranch=main", "-c", "core.autocrlf=false"]
+    subprocess.run(git + ["init", "-q"], env=env, check=True)
+    rng = random.Random(4242)
+    words = ["alloc", "free", "page", "segment", "heap", "thread", "block", "class", "purge", "unit"]
+    for c in range(30):
+        for _ in range(40 if c else 200):
+            k = rng.randrange(200)
+            path = os.path.join(repo, "src%d" % (k % 8), "file%03d.txt" % k)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "a", encoding="ascii") as f:
+                for _ in range(rng.randint(1, 30)):
+                    f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "\n")
+        date = "2024-01-01T00:00:%02d+00:00" % c
+        subprocess.run(git + ["add", "-A"], env=env, check=True)
+        subprocess.run(git + ["commit", "-q", "-m", "commit %d" % c],
+                       env=dict(env, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date), check=True)
 
 
 def run(cmd, env, label):
@@ -108,7 +161,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("case", choices=["python", "sort", "cxx"])
+    ap.add_argument("case", choices=["python", "sort", "cxx", "sqlite3", "git"])
     ap.add_argument("args", nargs="*")
     a = ap.parse_args()
     lib = os.path.abspath(a.lib)
@@ -131,6 +184,23 @@ def main():
             ["sort", "-t", "\t", "-k2,2n", "-k3", data],
             # Small buffer and several threads: temporary files, merges.
             ["sort", "--parallel=4", "-S", "1M", "-T", tmp, "-k3", "-s", data],
+        ]
+    elif a.case == "sqlite3":
+        script = os.path.join(a.work, "workload.sql")
+        with open(script, "w", encoding="ascii") as f:
+            f.write(SQLITE_SCRIPT)
+        cmds = [["sqlite3", "-batch", ":memory:", ".read " + script]]
+    elif a.case == "git":
+        repo = os.path.join(a.work, "git_repo")
+        make_git_repo(repo)
+        env.update(GIT_CONFIG_NOSYSTEM="1", HOME=repo, GIT_PAGER="cat")
+        git = ["git", "-C", repo]
+        cmds = [
+            git + ["log", "-p", "--stat", "--format=%H %s"],
+            git + ["grep", "-c", "segment", "HEAD~10"],
+            git + ["rev-list", "--objects", "--all"],
+            git + ["archive", "--format=tar", "HEAD~3"],
+            git + ["diff", "HEAD~20", "HEAD", "--numstat"],
         ]
     else:
         cmds = [[os.path.abspath(a.args[0])]]
