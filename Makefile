@@ -61,6 +61,14 @@ test-tsan: tsan
 test-clang: clang
 	cd build-clang && ctest --output-on-failure -j $(JOBS)
 
+# The long set of real programs (the quick set is in make test): those of
+# make test again, and redis-server driven by redis-cli and redis-benchmark.
+.PHONY: test-real
+test-real: release
+	bash scripts/install-deps.sh real
+	cd build && ctest --output-on-failure -R '^real_'
+	python3 tests/real/run_real.py --lib build/libhakmem.so --work build/tests/real_work/redis redis
+
 clean:
 	rm -rf build build-debug build-observe build-ubsan build-tsan build-clang
 

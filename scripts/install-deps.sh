@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what hakmem's tests (and benchmarks) need on a fresh Debian machine.
-# Usage: install-deps.sh test|bench
+# Usage: install-deps.sh test|bench|real
 set -euo pipefail
 what=${1:-test}
 need=()
@@ -8,7 +8,8 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 case "$what" in
   test)  pkgs=(cmake ninja-build g++ clang python3 coreutils sqlite3 git) ;;
   bench) pkgs=(libmimalloc2.0 libjemalloc2 libtcmalloc-minimal4 libtbbmalloc2 strace valgrind) ;;
-  *) echo "usage: $0 test|bench" >&2; exit 2 ;;
+  real)  pkgs=(redis-server redis-tools sqlite3 git) ;;
+  *) echo "usage: $0 test|bench|real" >&2; exit 2 ;;
 esac
 for p in "${pkgs[@]}"; do have_pkg "$p" || need+=("$p"); done
 if [ ${#need[@]} -gt 0 ]; then

@@ -13,6 +13,9 @@ Usage: run_real.py --lib LIBHAKMEM --work DIR CASE [ARGS]
                      joins, aggregates, updates) in an in-memory database
   git                read-only git commands (log with diffs, grep, rev-list,
                      archive) on a generated repository of 30 commits
+  redis              redis-server on loopback: a scripted session through
+                     redis-cli (its replies compared) and redis-benchmark
+                     with a bounded number of requests (make test-real)
 """
 import argparse
 import hashlib
@@ -157,11 +160,99 @@ def check_program(name, cmds, base_env, lib):
     return failures
 
 
+REDIS_SCRIPT = "".join(
+    ["SET key:%d %s\n" % (i, "v" * (i % 500 + 1)) for i in range(2000)]
+    + ["RPUSH list:%d %s\n" % (i % 50, " ".join("e%d" % k for k in range(i % 40 + 1))) for i in range(1000)]
+    + ["HSET hash:%d %s\n" % (i % 30, " ".join("f%d %d" % (k, k * i) for k in range(20))) for i in range(600)]
+    + ["SADD set:%d %s\n" % (i % 20, " ".join("m%d" % ((k * 7 + i) % 300) for k in range(30))) for i in range(400)]
+    + ["DEL key:%d\n" % i for i in range(0, 2000, 3)]
+    + ["GET key:%d\n" % i for i in range(0, 2000, 7)]
+    + ["LRANGE list:%d 0 -1\n" % i for i in range(50)]
+    + ["HGETALL hash:%d\n" % i for i in range(30)]
+    + ["SORT set:%d ALPHA\n" % i for i in range(20)]
+    + ["DBSIZE\n", "FLUSHALL\n", "DBSIZE\n"])
+
+
+def check_redis(env, lib, work):
+    """redis-server three times (without hakmem, with it, with its statistics):
+    the same scripted session must get the same replies, redis-benchmark must
+    complete, and the statistics run must show hakmem served the server."""
+    import socket
+    import time
+    failures = 0
+    plain = dict(env)
+    plain.pop("LD_PRELOAD", None)
+    plain.pop("HAKMEM_STATS", None)
+    replies = {}
+    for label, server_env in (("without hakmem", plain), ("with LD_PRELOAD", dict(plain, LD_PRELOAD=lib)),
+                              ("with LD_PRELOAD and HAKMEM_STATS=1", dict(plain, LD_PRELOAD=lib, HAKMEM_STATS="1"))):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        log = open(os.path.join(work, "redis-server.log"), "w+b")
+        server = subprocess.Popen(["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--dir", work], env=server_env,
+                                  stdout=log, stderr=log)
+        try:
+            cli = ["redis-cli", "-p", port]
+            for _ in range(100):
+                if subprocess.run(cli + ["PING"], env=plain, capture_output=True).stdout.strip() == b"PONG":
+                    break
+                time.sleep(0.1)
+            else:
+                print("FAIL: redis %s: the server did not answer" % label)
+                failures += 1
+                continue
+            p = subprocess.run(cli, input=REDIS_SCRIPT.encode(), env=plain, capture_output=True, timeout=TIMEOUT)
+            replies[label] = p.stdout
+            b = subprocess.run(["redis-benchmark", "-p", port, "-q", "-n", "20000", "-c", "8",
+                                "-t", "set,get,incr,lpush,rpop,sadd,hset,mset", "-d", "300"],
+                               env=plain, capture_output=True, timeout=TIMEOUT)
+            if b.returncode != 0 or b"requests per second" not in b.stdout:
+                print("FAIL: redis %s: redis-benchmark failed: %r" % (label, b.stdout[-300:] + b.stderr[-300:]))
+                failures += 1
+            subprocess.run(cli + ["SHUTDOWN", "NOSAVE"], env=plain, capture_output=True)
+            server.wait(timeout=30)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+        log.close()
+        print("redis %s: %d bytes of replies, sha256 %s, server exit %d" % (
+            label, len(replies.get(label, b"")), hashlib.sha256(replies.get(label, b"")).hexdigest()[:16],
+            server.returncode))
+        if server.returncode != 0:
+            print("FAIL: redis %s: server exit status %d\n%s" % (label, server.returncode, text[-2000:]))
+            failures += 1
+        stats = [l for l in text.splitlines() if l.startswith("hakmem: stats ")]
+        if "HAKMEM_STATS" in server_env:
+            m = re.search(r"pages=(\d+)", stats[0]) if len(stats) == 1 else None
+            if m is None or int(m.group(1)) <= 0:
+                print("FAIL: redis %s: no statistics line showing pages > 0" % label)
+                failures += 1
+            else:
+                print("  " + stats[0])
+        elif stats:
+            print("FAIL: redis %s: statistics printed without HAKMEM_STATS" % label)
+            failures += 1
+    base = replies.get("without hakmem")
+    if not base:
+        print("FAIL: redis: no replies without hakmem")
+        failures += 1
+    for label, r in replies.items():
+        if r != base:
+            print("FAIL: redis %s: the replies differ from those without hakmem" % label)
+            failures += 1
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("case", choices=["python", "sort", "cxx", "sqlite3", "git"])
+    ap.add_argument("case", choices=["python", "sort", "cxx", "sqlite3", "git", "redis"])
     ap.add_argument("args", nargs="*")
     a = ap.parse_args()
     lib = os.path.abspath(a.lib)
@@ -190,6 +281,8 @@ def main():
         with open(script, "w", encoding="ascii") as f:
             f.write(SQLITE_SCRIPT)
         cmds = [["sqlite3", "-batch", ":memory:", ".read " + script]]
+    elif a.case == "redis":
+        cmds = []
     elif a.case == "git":
         repo = os.path.join(a.work, "git_repo")
         make_git_repo(repo)
@@ -205,7 +298,10 @@ def main():
     else:
         cmds = [[os.path.abspath(a.args[0])]]
 
-    failures = check_program(a.case, cmds, env, lib)
+    if a.case == "redis":
+        failures = check_redis(env, lib, a.work)
+    else:
+        failures = check_program(a.case, cmds, env, lib)
     if failures:
         print("real_%s: %d failure(s)" % (a.case, failures))
         return 1
