@@ -237,7 +237,7 @@ void hak_policy_publish_delay(int32_t delay_ms);
 #define HAK_LEARN_DELAY_MIN_MS 10
 #define HAK_LEARN_DELAY_MAX_MS 1000
 void hak_learn_step(uint32_t now_ms);
-void hak_learn_note_reuse(hak_segment_t* seg, uint32_t clean_units, uint32_t now_ms);
+void hak_learn_note_reuse(hak_segment_t* seg, uint32_t clean_units);
 void hak_learn_lock(void);
 void hak_learn_unlock(void);
 

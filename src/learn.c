@@ -4,12 +4,12 @@
  * nobody uses.  The slow paths count both (always, they are cheap where they
  * sit): units given back for staying free the delay, and units taken again
  * within twice the delay of being so given back ("refaulted": a delay up to
- * three times as long would have kept them).  Once per window (HAK_LEARN_PERIOD_MS, or
- * twice the delay if longer), on some thread's page event (never on a fast
- * path), the learner looks at what was counted since its last decision: when
- * a quarter or more of what the delay gave back came back, it doubles the
- * delay; when almost nothing did, twice in a row, it shortens it by a third;
- * always within [HAK_LEARN_DELAY_MIN_MS,
+ * three times as long would have kept them).  Once per window
+ * (HAK_LEARN_PERIOD_MS, or twice the delay if longer), on some thread's page
+ * event (never on a fast path), the learner looks at what was counted since
+ * its last decision: when a quarter or more of what the delay gave back came
+ * back, it doubles the delay; when almost nothing did, twice in a row, it
+ * shortens it by a third; always within [HAK_LEARN_DELAY_MIN_MS,
  * HAK_LEARN_DELAY_MAX_MS].  A change is a new policy snapshot, which every
  * slow path reads from its next event on. */
 #include <pthread.h>
@@ -29,15 +29,18 @@ void hak_learn_lock(void) { pthread_mutex_lock(&learn_lock); }
 void hak_learn_unlock(void) { pthread_mutex_unlock(&learn_lock); }
 
 /* Clean units of seg are being taken for a page: those the delay gave back
- * less than twice the delay ago are refaults. */
-void hak_learn_note_reuse(hak_segment_t* seg, uint32_t clean_units, uint32_t now_ms) {
+ * less than twice the delay ago are refaults.  The clock is read only for a
+ * unit stamped (most clean units are fresh). */
+void hak_learn_note_reuse(hak_segment_t* seg, uint32_t clean_units) {
   int32_t delay = HAK_POLICY(purge_delay_ms);
+  uint32_t now_ms = 0;
   size_t refaulted = 0;
   for (; clean_units != 0; clean_units &= clean_units - 1) {
     unsigned u = (unsigned)__builtin_ctz(clean_units);
     uint32_t purged = seg->unit_purged_ms[u];
     if (purged == 0) continue;
     seg->unit_purged_ms[u] = 0;
+    if (now_ms == 0) now_ms = hak_now_ms();
     if (delay > 0 && (int32_t)(now_ms - purged) <= 2 * delay) refaulted++;
   }
   if (refaulted != 0) hak_count(refaulted_units, refaulted);

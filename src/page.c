@@ -99,7 +99,7 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
 static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_segment_take_units(seg, idx, n);
   uint32_t reused = seg->dirty_units & hak_unit_mask(idx, n);
-  if (reused != hak_unit_mask(idx, n)) hak_learn_note_reuse(seg, hak_unit_mask(idx, n) & ~reused, hak_now_ms());
+  if (reused != hak_unit_mask(idx, n)) hak_learn_note_reuse(seg, hak_unit_mask(idx, n) & ~reused);
   seg->dirty_units &= ~reused;
   heap->dirty_units -= (size_t)__builtin_popcount(reused);
   hak_committed_add((size_t)(n - (unsigned)__builtin_popcount(reused)) << HAK_UNIT_SHIFT);

@@ -125,9 +125,10 @@ static bool purge_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
 
 /* Purges a free segment into the clean cache.  Its units still backed are
  * stamped (the header is written again anyway) if they go for having stayed
- * free the delay, so that their next owner can tell a refault (learn.c). */
-static void cache_clean_push(hak_segment_t* seg, bool waited, uint32_t now_ms) {
+ * cached the delay, so that their next owner can tell a refault (learn.c). */
+static void cache_clean_push(hak_segment_t* seg, uint32_t now_ms, int32_t delay) {
   uint32_t dirty = seg->dirty_units;
+  bool waited = delay > 0 && purge_due(seg->unit_freed_ms[0], now_ms, delay);
   hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
   hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)__builtin_popcount(dirty) << HAK_UNIT_SHIFT));
   for (unsigned u = 0; u < HAK_UNITS; u++)
@@ -155,9 +156,7 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   size_t kept = 0;
   for (hak_segment_t **link = &cache_dirty, *seg; (seg = *link) != NULL;) {
     bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && delay >= 0;
-    bool waited = delay > 0 && purge_due(seg->unit_freed_ms[0], now_ms, delay);
-    if (all || over || waited) {
-      seg->unit_purged_ms[0] = waited; /* the header is no free unit: a note for the loop below */
+    if (all || over || purge_due(seg->unit_freed_ms[0], now_ms, delay)) {
       *link = seg->next;
       seg->next = purge;
       purge = seg;
@@ -172,7 +171,7 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   pthread_mutex_unlock(&segment_lock);
   while (purge != NULL) {
     hak_segment_t* next = purge->next;
-    cache_clean_push(purge, purge->unit_purged_ms[0] != 0, now_ms);
+    cache_clean_push(purge, now_ms, delay);
     purge = next;
   }
 }
@@ -184,7 +183,7 @@ void hak_segment_release(hak_segment_t* seg) {
   atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
   uint32_t now = hak_now_ms();
   if (HAK_POLICY(purge_delay_ms) == 0) {
-    cache_clean_push(seg, false, now);
+    cache_clean_push(seg, now, 0);
     return;
   }
   seg->unit_freed_ms[0] = now;
