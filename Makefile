@@ -4,7 +4,7 @@
 CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 JOBS ?= 2
 
-.PHONY: all release debug observe ubsan tsan clang test test-release test-debug test-observe test-ubsan test-tsan test-clang deps clean
+.PHONY: all release debug observe secure ubsan tsan clang test test-release test-debug test-observe test-secure test-ubsan test-tsan test-clang deps clean
 
 all: release
 
@@ -22,6 +22,16 @@ observe:
 	cmake -S . -B build-observe $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DHAK_OBSERVE=ON >/dev/null
 	cmake --build build-observe -j $(JOBS)
 
+# The hardened drop-in: build/libhakmem-secure.so (docs/DESIGN.md, "secure").
+secure:
+	cmake -S . -B build $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build build -j $(JOBS) --target hakmem_secure
+
+# Every library hardened, for the whole test suite (build-secure/).
+secure-all:
+	cmake -S . -B build-secure $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DHAK_SECURE=ON >/dev/null
+	cmake --build build-secure -j $(JOBS)
+
 ubsan:
 	cmake -S . -B build-ubsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHAK_SANITIZE=undefined >/dev/null
 	cmake --build build-ubsan -j $(JOBS)
@@ -37,11 +47,11 @@ clang:
 deps:
 	bash scripts/install-deps.sh test
 
-# Release (gcc and clang) and debug run the whole suite; UBSan the whole suite
-# too; TSan the multi-thread tests through the hak_* API (label "tsan"); the
-# observing build the statistics tests (label "observe").
+# Release (gcc and clang), debug and secure run the whole suite; UBSan the
+# whole suite too; TSan the multi-thread tests through the hak_* API (label
+# "tsan"); the observing build the statistics tests (label "observe").
 test: deps
-	$(MAKE) test-release test-clang test-debug test-observe test-ubsan test-tsan
+	$(MAKE) test-release test-clang test-debug test-secure test-observe test-ubsan test-tsan
 
 test-release: release
 	cd build && ctest --output-on-failure -j $(JOBS)
@@ -51,6 +61,9 @@ test-debug: debug
 
 test-observe: observe
 	cd build-observe && ctest --output-on-failure -j $(JOBS) -L observe
+
+test-secure: secure-all
+	cd build-secure && ctest --output-on-failure -j $(JOBS)
 
 test-ubsan: ubsan
 	cd build-ubsan && ctest --output-on-failure -j $(JOBS) -L ubsan
@@ -70,7 +83,7 @@ test-real: release
 	python3 tests/real/run_real.py --lib build/libhakmem.so --work build/tests/real_work/redis redis
 
 clean:
-	rm -rf build build-debug build-observe build-ubsan build-tsan build-clang
+	rm -rf build build-debug build-observe build-secure build-ubsan build-tsan build-clang
 
 # Benchmarks (bench/): hakmem side by side with its peers, same binaries via
 # LD_PRELOAD, interleaved.

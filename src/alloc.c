@@ -32,7 +32,7 @@ size_t hak_usable(const void* p) {
   hak_page_t* page = hak_page_of(seg, p);
   if (page->units == 0) return 0;
   const uint8_t* b = (const uint8_t*)hak_block_start(page, p);
-  return page->block_size - (size_t)((const uint8_t*)p - b);
+  return page->block_size - HAK_CANARY_SIZE - (size_t)((const uint8_t*)p - b);
 }
 
 HAK_API size_t hak_usable_size(const void* p) { return hak_usable(p); }
@@ -43,7 +43,11 @@ static bool realloc_grow_in_place(hak_segment_t* seg, void* p, size_t size) {
       atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) != hak_thread_id())
     return false;
   hak_page_t* page = hak_page_of(seg, p);
-  return page->cls == HAK_CLASS_LARGE && p == page->start && hak_page_grow(hak_tls_heap, page, size);
+  if (page->cls != HAK_CLASS_LARGE || p != page->start ||
+      !hak_page_grow(hak_tls_heap, page, size + HAK_CANARY_SIZE))
+    return false;
+  hak_canary_set(page, p); /* at the new end */
+  return true;
 }
 
 HAK_API void* hak_realloc(void* p, size_t size) {
@@ -88,7 +92,8 @@ void* hak_alloc_aligned(size_t align, size_t size) {
   if (align <= HAK_OS_PAGE) {
     size_t rounded = (size + align - 1) & ~(align - 1);
     if (rounded == 0) rounded = align;
-    if (rounded <= HAK_CLASS_MAX_SIZE && hak_class_size[hak_class_of(rounded)] % align == 0)
+    size_t block = rounded + HAK_CANARY_SIZE;
+    if (block <= HAK_CLASS_MAX_SIZE && hak_class_size[hak_class_of(block)] % align == 0)
       return hak_alloc_inline(rounded);
   }
   size_t need = size + align - HAK_ALIGN;

@@ -91,8 +91,9 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   }
   if (heap->current[cls] != page) hak_heap_set_current(heap, cls);
   hak_block_t* b = page->free;
-  page->free = b->next;
+  page->free = hak_block_next(b);
   page->used++;
+  hak_block_out(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -109,6 +110,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
   hak_block_t* b = page->free;
   page->free = NULL;
   page->used = 1;
+  hak_block_out(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -184,7 +186,7 @@ void hak_heap_flush_empty(hak_heap_t* heap) {
 /* Frees block b (its start) of a page that heap owns. */
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   if (unlikely(b == page->free)) hak_double_free(page, b);
-  b->next = page->free;
+  hak_block_set_next(b, page->free);
   page->free = b;
   if (page->in_full) {
     page->in_full = 0;
@@ -216,6 +218,7 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (owner == NULL || page->units == 0 || (uint8_t*)p < page->start)
     hak_fatal("free of an invalid pointer (not a block)", p);
   if (owner == hak_tls_heap && page->in_full && hak_is_block_start_full(page, p)) {
+    hak_block_in(page, (hak_block_t*)p);
     HAK_OBSERVE_ADD(owner->stats.free_partial[page->cls]);
     hak_heap_free_local(owner, page, (hak_block_t*)p); /* the common slow free */
     return;
@@ -224,6 +227,7 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   hak_block_t* b = hak_is_block_start(page, p) ? (hak_block_t*)p : hak_block_start(page, p);
   if ((void*)b != p && !__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED))
     hak_fatal("free of an invalid pointer (inside a block)", p);
+  hak_block_in(page, b);
   if (owner == hak_tls_heap) {
     HAK_OBSERVE_ADD(owner->stats.free_partial[hak_stat_class(page)]);
     hak_heap_free_local(owner, page, b);
@@ -265,8 +269,8 @@ void hak_heaps_collect_spare(hak_heap_t* heap) {
     if (!hak_remote_pending(h)) continue;
     hak_block_t* list = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
     hak_block_t* tail = list;
-    while (tail->next != NULL) tail = tail->next;
-    tail->next = all;
+    for (hak_block_t* next; (next = hak_block_next_remote(tail)) != NULL;) tail = next;
+    hak_block_set_next(tail, all);
     all = list;
   }
   pthread_mutex_unlock(&heaps_lock);

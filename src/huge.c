@@ -65,6 +65,7 @@ static hak_segment_t* huge_cache_take(size_t total) {
       huge_cache[i].seg = NULL;
       continue;
     }
+    if (HAK_SECURE && seg->map_size < total) continue; /* see huge_resize_cached */
     if (best_slot < 0) {
       best_slot = i;
       continue;
@@ -152,13 +153,27 @@ static void huge_cache_put(hak_segment_t* seg) {
 
 #define PAGE_UP(x) (((x) + HAK_OS_PAGE - 1) & ~(size_t)(HAK_OS_PAGE - 1))
 
+/* The secure build puts a guard page before the block (after the header)
+ * and one after it, at the end of the mapping. */
+#define HUGE_GUARD (HAK_SECURE ? (size_t)HAK_OS_PAGE : 0)
+/* The offset of a block without alignment, the only kind cached. */
+#define HUGE_PLAIN_OFFSET (HAK_SEG_HDR_SIZE + HUGE_GUARD)
+
 /* Distance from the header to the block: the header page, or the alignment.
  * An alignment of 2 MiB or more puts the block exactly one segment above the
  * header, and the segment map marks the block's unit HAK_MAP_HUGE_ABOVE. */
 static size_t huge_offset(size_t align) {
-  if (align <= HAK_OS_PAGE) return HAK_SEG_HDR_SIZE;
+  if (align <= HUGE_PLAIN_OFFSET) return HUGE_PLAIN_OFFSET;
   if (align < HAK_SEG_SIZE) return align;
   return HAK_SEG_SIZE;
+}
+
+/* Lays the guard pages of the secure build around a block at off in a
+ * mapping of total bytes. */
+static bool huge_guard(uint8_t* base, size_t off, size_t total) {
+  if (!HAK_SECURE) return true;
+  return hak_os_guard(base + off - HUGE_GUARD, HUGE_GUARD) &&
+         hak_os_guard(base + total - HUGE_GUARD, HUGE_GUARD);
 }
 
 /* Enters a huge block in the segment map (and the live counts), or takes it out. */
@@ -187,6 +202,17 @@ static uint8_t* huge_map_aligned(size_t total, size_t align) {
  * (within HUGE_SPARE_MAX) or trims it, grows a smaller one in place or moves
  * it with mremap.  NULL if it could not (the mapping is then gone). */
 static hak_segment_t* huge_resize_cached(hak_segment_t* seg, size_t total) {
+#if HAK_SECURE
+  /* Only larger ones are taken (a guarded mapping cannot be grown): the tail
+   * goes, with the old guard at its end, and a new guard ends the block. */
+  hak_os_unmap((uint8_t*)seg + total, seg->map_size - total);
+  seg->map_size = total;
+  if (!hak_os_guard((uint8_t*)seg + total - HUGE_GUARD, HUGE_GUARD)) {
+    hak_os_unmap(seg, total);
+    return NULL;
+  }
+  return seg;
+#endif
   if (seg->map_size > total) {
     size_t tail = seg->map_size - total;
     if (atomic_fetch_add_explicit(&huge_spare_bytes, tail, memory_order_relaxed) + tail <= HUGE_SPARE_MAX) {
@@ -217,8 +243,8 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
     return NULL;
   }
   size_t off = huge_offset(align);
-  size_t total = PAGE_UP(off + size);
-  if (off == HAK_SEG_HDR_SIZE) {
+  size_t total = PAGE_UP(off + size) + HUGE_GUARD;
+  if (off == HUGE_PLAIN_OFFSET) {
     hak_segment_t* seg = huge_cache_take(total);
     if (seg != NULL && seg->map_size != total) seg = huge_resize_cached(seg, total);
     if (seg != NULL) {
@@ -237,6 +263,11 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
     errno = ENOMEM;
     return NULL;
   }
+  if (!huge_guard(base, off, total)) {
+    hak_os_unmap(base, total);
+    errno = ENOMEM;
+    return NULL;
+  }
   hak_os_thp(base, total);
   hak_segment_t* seg = (hak_segment_t*)base;
   seg->kind = HAK_SEG_HUGE;
@@ -250,14 +281,14 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
 void hak_huge_free(hak_segment_t* seg) {
   huge_map(seg, false);
   huge_spare_forget(seg);
-  if (seg->huge_block == (uint8_t*)seg + HAK_SEG_HDR_SIZE)
+  if (seg->huge_block == (uint8_t*)seg + HUGE_PLAIN_OFFSET)
     huge_cache_put(seg);
   else
     hak_os_unmap(seg, seg->map_size);
 }
 
 size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
-  return (size_t)((uint8_t*)seg + seg->map_size - (const uint8_t*)p);
+  return (size_t)((uint8_t*)seg + seg->map_size - HUGE_GUARD - (const uint8_t*)p);
 }
 
 /* Resizes a huge block without copying when it can: shrink in place, grow in
@@ -265,6 +296,7 @@ size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
  * caller must allocate and copy (or that memory is exhausted). */
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   if (p != seg->huge_block) hak_fatal("realloc of an invalid pointer (inside a huge block)", p);
+  if (HAK_SECURE) return NULL; /* a guarded mapping is not one mapping mremap can move */
   uint8_t* base = (uint8_t*)seg;
   if (size <= HAK_LARGE_MAX || size > HAK_SIZE_LIMIT) return NULL;
   size_t off = (size_t)((uint8_t*)p - base);

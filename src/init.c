@@ -30,6 +30,9 @@ void hak_process_init(void) {
   if (likely(atomic_load_explicit(&init_state, memory_order_acquire) == 2)) return;
   int expected = 0;
   if (atomic_compare_exchange_strong(&init_state, &expected, 1)) {
+#if HAK_SECURE
+    hak_secure_init(); /* before the first block is carved */
+#endif
     hak_classes_init();
     read_options();
     thread_key_ok = pthread_key_create(&thread_key, thread_exit_hook) == 0;

@@ -26,6 +26,9 @@
 #ifndef HAK_OBSERVE
 #define HAK_OBSERVE 0 /* 1 in the observing build (make observe): per-operation counters */
 #endif
+#ifndef HAK_SECURE
+#define HAK_SECURE 0 /* 1 in the secure build (make secure): see "the secure build" below */
+#endif
 
 #if HAK_DEBUG
 void hak_assert_fail(const char* expr, const char* file, int line);
@@ -75,8 +78,9 @@ void hak_heap_check(struct hak_heap_s* heap);
 
 /* ---- data structures --------------------------------------------------- */
 
+/* A free block: its first word links the next one (hak_block_next). */
 typedef struct hak_block_s {
-  struct hak_block_s* next;
+  uintptr_t link;
 } hak_block_t;
 
 typedef struct hak_heap_s hak_heap_t;
@@ -263,6 +267,57 @@ enum {
                              its header is one segment below */
 };
 
+/* ---- free-list links and the secure build (secure.c) --------------------
+ *
+ * The secure build (make secure: build/libhakmem-secure.so) stores each link
+ * encoded with a secret and the link's own address, so that a use after free
+ * cannot plant a pointer, and checks each link it follows: one that does not
+ * decode to a 16-byte aligned block of the same segment (of some segment, on
+ * a remote list) is reported as a corrupted heap.  Every block of a page
+ * ends with a canary word, checked when the block is freed (a write past its
+ * end), and a freed block carries a tag in its second word, checked there too
+ * (a double free, wherever the block sits in the free lists).  Fresh blocks
+ * are handed out in random order, and guard pages follow segment headers and
+ * surround huge blocks.  The release build compiles all of it away. */
+#if HAK_SECURE
+#define HAK_CANARY_SIZE 8 /* the last word of every block of a page */
+/* Blocks carved (and shuffled) at a time: at least a page's worth or MIN. */
+#define HAK_SECURE_CARVE_MIN 16
+#define HAK_SECURE_CARVE_MAX 256
+/* Drawn at start (hak_secure_init): the link key, the freed tag's, the canary's. */
+extern uintptr_t hak_secret[3];
+HAK_COLD __attribute__((noreturn)) void hak_bad_link(const void* at);
+HAK_COLD __attribute__((noreturn)) void hak_overflow(const struct hak_page_s* page, const void* b);
+#else
+#define HAK_CANARY_SIZE 0
+#endif
+
+HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
+#if HAK_SECURE
+  b->link = __builtin_bswap64((uintptr_t)next ^ hak_secret[0]) ^ (uintptr_t)b;
+#else
+  b->link = (uintptr_t)next;
+#endif
+}
+
+#if HAK_SECURE
+HAK_INLINE uintptr_t hak_link_decode(const hak_block_t* b) {
+  return __builtin_bswap64(b->link ^ (uintptr_t)b) ^ hak_secret[0];
+}
+#endif
+
+/* The next block of a page's free list (all in one segment). */
+HAK_INLINE hak_block_t* hak_block_next(const hak_block_t* b) {
+#if HAK_SECURE
+  uintptr_t next = hak_link_decode(b);
+  if (unlikely(next != 0 && (((next ^ (uintptr_t)b) & ~(uintptr_t)HAK_SEG_MASK) | (next & 15)) != 0))
+    hak_bad_link(b);
+  return (hak_block_t*)next;
+#else
+  return (hak_block_t*)b->link;
+#endif
+}
+
 /* ---- page queues (doubly linked; inline: the slow paths of mid-size
  * classes, whose pages fill and empty often, move pages at every turn) ---- */
 
@@ -373,21 +428,64 @@ HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
   return (hak_block_t*)(page->start + off - off % page->block_size);
 }
 
+HAK_COLD __attribute__((noreturn)) void hak_double_free(const hak_page_t* page, const void* p);
+
+/* The next block of a heap's remote list (blocks of any of its segments). */
+HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
+#if HAK_SECURE
+  uintptr_t next = hak_link_decode(b);
+  if (unlikely(next != 0 && ((next & 15) != 0 || hak_segmap_get((void*)next) != HAK_MAP_SEGMENT)))
+    hak_bad_link(b);
+  return (hak_block_t*)next;
+#else
+  return (hak_block_t*)b->link;
+#endif
+}
+
+#if HAK_SECURE
+HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
+  return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
+}
+HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
+  *hak_canary_at(page, b) = (uintptr_t)b ^ hak_secret[2];
+}
+/* A block handed out: no freed tag, a canary at its end. */
+HAK_INLINE void hak_block_out(const hak_page_t* page, hak_block_t* b) {
+  ((uintptr_t*)b)[1] = 0;
+  hak_canary_set(page, b);
+}
+/* A block the program frees: not freed already, its canary intact; tagged. */
+HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
+  uintptr_t* tag = &((uintptr_t*)b)[1];
+  if (unlikely(*tag == ((uintptr_t)b ^ hak_secret[1]))) hak_double_free(page, b);
+  if (unlikely(*hak_canary_at(page, b) != ((uintptr_t)b ^ hak_secret[2]))) hak_overflow(page, b);
+  *tag = (uintptr_t)b ^ hak_secret[1];
+}
+#else
+#define hak_canary_set(page, b) ((void)0)
+#define hak_block_out(page, b) ((void)0)
+#define hak_block_in(page, b) ((void)0)
+#endif
+
 /* ---- slow paths (out of line) ------------------------------------------- */
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size);
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
 HAK_COLD void hak_free_special(void* p);
-HAK_COLD __attribute__((noreturn)) void hak_double_free(const hak_page_t* page, const void* p);
 
 /* ---- the fast paths ------------------------------------------------------ */
 
 /* malloc: size -> current page -> pop.  The empty sentinel heap's pages have
- * no free blocks, so a new thread falls into the slow path, which sets it up. */
+ * no free blocks, so a new thread falls into the slow path, which sets it up.
+ * (The secure build asks for room for the canary.) */
 HAK_INLINE void* hak_alloc_inline(size_t size) {
   hak_heap_t* heap = hak_tls_heap;
   hak_page_t* page;
+#if HAK_SECURE
+  if (unlikely(size > HAK_SIZE_LIMIT)) return hak_alloc_slow(heap, size); /* ENOMEM */
+  size += HAK_CANARY_SIZE;
+#endif
   if (likely(size <= HAK_SMALL_MAX)) {
     page = heap->direct[(size + 15) >> 4];
   } else if (size <= HAK_CLASS_MAX_SIZE) {
@@ -397,8 +495,9 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
   }
   hak_block_t* b = page->free;
   if (likely(b != NULL)) {
-    page->free = b->next;
+    page->free = hak_block_next(b);
     page->used++;
+    hak_block_out(page, b);
     HAK_OBSERVE_ADD(heap->stats.alloc_current[page->cls]);
     return b;
   }
@@ -422,7 +521,8 @@ HAK_INLINE void hak_free_inline(void* p) {
     hak_block_t* b = (hak_block_t*)p;
     hak_block_t* head = page->free;
     if (unlikely(b == head)) hak_double_free(page, p); /* the block freed last, again */
-    b->next = head;
+    hak_block_in(page, b);
+    hak_block_set_next(b, head);
     page->free = b;
 #if HAK_OBSERVE
     hak_heap_t* heap = hak_tls_heap;
@@ -449,6 +549,7 @@ void hak_os_unmap(void* p, size_t size);
 void hak_os_purge(void* p, size_t size);
 void hak_os_thp(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
+bool hak_os_guard(void* p, size_t size);
 uint32_t hak_now_ms(void);
 
 /* report.c */
@@ -521,6 +622,10 @@ size_t hak_usable(const void* p);
 
 /* init.c */
 void hak_process_init(void);
+
+/* secure.c (the secure build only) */
+void hak_secure_init(void);
+hak_block_t* hak_secure_carve(uint8_t* first, uint32_t bs, uint32_t n, hak_block_t* tail);
 
 /* stats.c: slow-path and OS counters, always on (relaxed atomics). */
 typedef struct hak_counters_s {

@@ -52,6 +52,14 @@ void hak_os_purge(void* p, size_t size) {
   hak_count(purged_bytes, size);
 }
 
+/* Makes a range inaccessible (a guard page of the secure build). */
+bool hak_os_guard(void* p, size_t size) {
+  int saved = errno;
+  bool ok = mprotect(p, size, PROT_NONE) == 0;
+  errno = saved;
+  return ok;
+}
+
 /* Applies HAKMEM_THP to a fresh mapping of segments or a huge block. */
 void hak_os_thp(void* p, size_t size) {
   int32_t thp = HAK_POLICY(thp);

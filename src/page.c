@@ -31,11 +31,20 @@ void hak_page_extend(hak_page_t* page) {
   uint8_t* first = page->start + (size_t)page->capacity * bs;
   uintptr_t boundary = ((uintptr_t)first & ~(uintptr_t)(HAK_OS_PAGE - 1)) + HAK_OS_PAGE;
   uint32_t n = (uint32_t)((boundary - (uintptr_t)first + bs - 1) / bs);
+#if HAK_SECURE
+  /* Enough blocks that their order is hard to guess. */
+  if (n < HAK_SECURE_CARVE_MIN) n = HAK_SECURE_CARVE_MIN;
+  if (n > HAK_SECURE_CARVE_MAX) n = HAK_SECURE_CARVE_MAX;
+#endif
   if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
+#if HAK_SECURE
+  page->free = hak_secure_carve(first, bs, n, page->free);
+#else
   uint8_t* b = first;
-  for (uint32_t i = 1; i < n; i++, b += bs) ((hak_block_t*)b)->next = (hak_block_t*)(b + bs);
-  ((hak_block_t*)b)->next = page->free;
+  for (uint32_t i = 1; i < n; i++, b += bs) hak_block_set_next((hak_block_t*)b, (hak_block_t*)(b + bs));
+  hak_block_set_next((hak_block_t*)b, page->free);
   page->free = (hak_block_t*)first;
+#endif
   page->capacity += n;
 }
 
@@ -63,7 +72,7 @@ static void page_format(hak_page_t* page, unsigned cls) {
     page->block_size = (uint32_t)(end - start);
     page->reserved = page->capacity = 1;
     page->free = (hak_block_t*)start;
-    page->free->next = NULL;
+    hak_block_set_next(page->free, NULL);
   } else {
     page->block_size = hak_class_size[cls];
     page->reserved = (uint32_t)((size_t)(end - start) / page->block_size);
@@ -174,7 +183,7 @@ void hak_page_trim(hak_page_t* page) {
   uint64_t is_free[HAK_UNIT_SIZE / 16 / 64] = {0}; /* the most blocks a page holds */
   uint32_t cap = page->capacity, bs = page->block_size;
   if (cap > sizeof is_free * 8) return;
-  for (hak_block_t* b = page->free; b != NULL; b = b->next) {
+  for (hak_block_t* b = page->free; b != NULL; b = hak_block_next(b)) {
     uint32_t i = (uint32_t)((size_t)((uint8_t*)b - page->start) / bs);
     is_free[i / 64] |= (uint64_t)1 << (i % 64);
   }
@@ -190,7 +199,7 @@ void hak_page_trim(hak_page_t* page) {
   for (uint32_t i = cap; i-- > 0;) {
     if (is_free[i / 64] >> (i % 64) & 1) {
       hak_block_t* b = (hak_block_t*)(page->start + (size_t)i * bs);
-      b->next = list;
+      hak_block_set_next(b, list);
       list = b;
     }
   }

@@ -10,7 +10,7 @@ void hak_remote_push(hak_heap_t* heap, hak_block_t* b) {
     /* Pushed twice in a row, it would link to itself and its owner would
      * collect it forever. */
     if (unlikely(b == head)) hak_double_free(hak_page_of(hak_segment_of(b), b), b);
-    b->next = head;
+    hak_block_set_next(b, head);
   } while (!atomic_compare_exchange_weak_explicit(&heap->remote, &head, b, memory_order_release,
                                                   memory_order_relaxed));
 }
@@ -19,7 +19,7 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
   size_t collected = 0;
   while (list != NULL) {
     hak_block_t* b = list;
-    list = b->next;
+    list = hak_block_next_remote(b);
     hak_segment_t* seg = hak_segment_of(b); /* blocks of normal segments only */
     hak_heap_t* owner = hak_segment_heap(seg);
     if (owner == heap) {

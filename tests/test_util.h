@@ -143,6 +143,15 @@ static inline size_t hak_rss_bytes(void) {
   return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
 }
 
+/* Reads fd to its end into out (at most cap - 1 bytes, then a NUL); closes it. */
+static inline void hak_read_all(int fd, char* out, size_t cap) {
+  size_t len = 0;
+  ssize_t got;
+  while (len + 1 < cap && (got = read(fd, out + len, cap - 1 - len)) > 0) len += (size_t)got;
+  out[len] = '\0';
+  close(fd);
+}
+
 /* Runs this program again (/proc/self/exe) with argument arg and the
  * environment entries env (NULL-terminated) added; its stdout and stderr
  * together go into out (NUL-terminated).  Returns its exit status, or -1. */
@@ -160,14 +169,30 @@ static inline int hak_run_self(const char* arg, const char* const* env, char* ou
     _exit(127);
   }
   close(fds[1]);
-  size_t len = 0;
-  ssize_t got;
-  while (len + 1 < cap && (got = read(fds[0], out + len, cap - 1 - len)) > 0) len += (size_t)got;
-  out[len] = '\0';
-  close(fds[0]);
+  hak_read_all(fds[0], out, cap);
   int status;
   if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
   return WEXITSTATUS(status);
+}
+
+/* Runs fn in a forked child with its stderr captured into out; returns the
+ * child's wait status (fn returning: exit 0), or -1 if it could not run. */
+static inline int hak_run_child(void (*fn)(void), char* out, size_t cap) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 2);
+    fn();
+    _exit(0);
+  }
+  close(fds[1]);
+  hak_read_all(fds[0], out, cap);
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return status;
 }
 
 /* The peak resident set of the process (VmHWM), in bytes; 0 if unknown. */

@@ -1,0 +1,282 @@
+/* The secure build (build/libhakmem-secure.so, linked in): each misuse is
+ * reported in one line naming the fault and the address, then the program
+ * aborts: double frees anywhere in the free lists (small, mid, large, from
+ * another thread), frees of interior and stack pointers, a write past the end
+ * of a block (the canary), a write into a freed block (an encoded link that
+ * no longer decodes); guard pages after segment headers and around huge
+ * blocks fault; fresh blocks come in random order and links are not stored
+ * in the clear.  Each case runs in a child process. */
+#define _GNU_SOURCE
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "test_util.h"
+
+#define SEG_SIZE ((uintptr_t)2 << 20)
+
+/* The four cases glibc catches. */
+static void double_free_small(void) {
+  void* a = malloc(40);
+  void* b = malloc(40);
+  free(a);
+  free(b); /* a is no longer the head of the free list */
+  free(a);
+}
+
+static void double_free_mid(void) {
+  void* a = malloc(5000);
+  void* b = malloc(5000);
+  void* c = malloc(5000);
+  free(a);
+  free(b);
+  free(c);
+  free(a);
+}
+
+static void free_interior(void) {
+  char* p = malloc(100);
+  free(p + 16);
+}
+
+static void free_stack(void) {
+  int x[4];
+  void* volatile p = x;
+  free(p);
+}
+
+/* A large block (single-block page) freed twice with other frees between. */
+static void double_free_large(void) {
+  void* a = malloc(300 << 10);
+  void* b = malloc(300 << 10);
+  free(a);
+  free(b);
+  free(a);
+}
+
+static void* free_one(void* p) {
+  free(p);
+  return NULL;
+}
+
+/* Freed by another thread, then again by its owner after other frees. */
+static void double_free_remote(void) {
+  void* a = malloc(64);
+  void* b = malloc(64);
+  pthread_t t;
+  pthread_create(&t, NULL, free_one, a);
+  pthread_join(t, NULL);
+  free(b);
+  free(a);
+}
+
+/* One byte written past the usable end of a small and of a mid block. */
+static void overflow_small(void) {
+  char* p = malloc(24);
+  p[malloc_usable_size(p)] = 'x';
+  free(p);
+}
+
+static void overflow_mid(void) {
+  char* p = malloc(3000);
+  memset(p, 'y', malloc_usable_size(p) + 4);
+  free(p);
+}
+
+/* A use after free plants a pointer in a freed block: taking the block out
+ * of the free list follows the link, which no longer decodes. */
+static void write_after_free(void) {
+  void** p = malloc(64);
+  void* q = malloc(64);
+  free(p);
+  *p = q; /* what an attacker would plant: a real block's address */
+  void* volatile r = malloc(64);
+  (void)r;
+  void* volatile s = malloc(64);
+  (void)s;
+}
+
+static void write_guard_after_header(void) {
+  char* p = malloc(64);
+  volatile char* guard = (char*)(((uintptr_t)p & ~(SEG_SIZE - 1)) + 4096);
+  *guard = 1;
+}
+
+static void write_before_huge(void) {
+  volatile char* p = hak_launder(malloc(3 << 20));
+  p[-1] = 1;
+}
+
+static void write_after_huge(void) {
+  char* p = malloc((3 << 20) + 100);
+  volatile char* end = p + malloc_usable_size(p);
+  end[-1] = 1; /* the last usable byte is fine */
+  end[0] = 1;
+}
+
+static void check_reported(const char* name, void (*fn)(void), const char* fault) {
+  char err[1024];
+  int status = hak_run_child(fn, err, sizeof err);
+  if (!(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT)) {
+    fprintf(stderr, "%s: child did not abort (status %d), stderr: %s\n", name, status, err);
+    hak_test_failures++;
+    return;
+  }
+  /* The address by its form here; by value in check_address_named. */
+  if (strncmp(err, "hakmem: ", 8) != 0 || strstr(err, fault) == NULL || strstr(err, " 0x") == NULL ||
+      strchr(err, '\n') != err + strlen(err) - 1) {
+    fprintf(stderr, "%s: expected one line \"hakmem: %s 0x...\", got: %s\n", name, fault, err);
+    hak_test_failures++;
+  }
+}
+
+static void check_segv(const char* name, void (*fn)(void)) {
+  char err[256];
+  int status = hak_run_child(fn, err, sizeof err);
+  if (!(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV)) {
+    fprintf(stderr, "%s: expected a fault on a guard page (status %d), stderr: %s\n", name, status, err);
+    hak_test_failures++;
+  }
+}
+
+/* The address in the report is the block's: the child sends it through a
+ * pipe before the faulty free. */
+static int address_pipe = -1;
+static void note_and_send(const void* p) {
+  char buf[64];
+  int n = snprintf(buf, sizeof buf, "%p", p);
+  if (write(address_pipe, buf, (size_t)n) != n) _exit(3);
+  close(address_pipe);
+}
+
+static void double_free_named(void) {
+  void* a = malloc(40);
+  void* b = malloc(40);
+  note_and_send(a);
+  free(a);
+  free(b);
+  free(a);
+}
+
+/* The report of a non-head double free names the block's address. */
+static void check_address_named(void) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  address_pipe = fds[1];
+  char err[512];
+  int status = hak_run_child(double_free_named, err, sizeof err);
+  close(fds[1]);
+  char addr[64];
+  hak_read_all(fds[0], addr, sizeof addr);
+  CHECK(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+  char want[128];
+  snprintf(want, sizeof want, "hakmem: double free of %s (class ", addr);
+  if (addr[0] == 0 || strncmp(err, want, strlen(want)) != 0) {
+    fprintf(stderr, "double-free address: expected \"%s...\", got: %s\n", want, err);
+    hak_test_failures++;
+  }
+}
+
+/* Fresh blocks of a page come in random order: of 64 fresh 48-byte blocks,
+ * few follow the one before at the next address (all would, carved in
+ * order), and two processes (each drawing its secrets) see different orders. */
+static void print_order(void) {
+  char* first = malloc(48);
+  char line[64 * 8];
+  size_t len = 0;
+  int in_order = 0;
+  char* prev = first;
+  for (int i = 0; i < 64; i++) {
+    char* p = malloc(48);
+    if (p == prev + 48) in_order++;
+    len += (size_t)snprintf(line + len, sizeof line - len, "%d ", (int)((p - first) / 48));
+    prev = p;
+  }
+  printf("%d|%s\n", in_order, line);
+}
+
+static void check_random_order(void) {
+  char a[1024], b[1024];
+  CHECK(hak_run_self("order", NULL, a, sizeof a) == 0);
+  CHECK(hak_run_self("order", NULL, b, sizeof b) == 0);
+  int in_order = atoi(a);
+  if (in_order > 16) {
+    fprintf(stderr, "random order: %d of 64 fresh blocks followed the previous one\n", in_order);
+    hak_test_failures++;
+  }
+  if (strcmp(a, b) == 0) {
+    fprintf(stderr, "random order: two processes carved the same order: %s\n", a);
+    hak_test_failures++;
+  }
+}
+
+/* A freed block's link is not the next block's address in the clear. */
+static void check_links_encoded(void) {
+  void** p = malloc(64);
+  void** q = malloc(64);
+  free(q);
+  free(p);                    /* p links to q */
+  uintptr_t link = *(volatile uintptr_t*)p; /* a deliberate read after free */
+  CHECK(link != (uintptr_t)q);
+  CHECK(link != 0);
+  CHECK(malloc(64) == (void*)p);
+  CHECK(malloc(64) == (void*)q);
+}
+
+/* Ordinary use stays intact: usable sizes hold their bytes, realloc keeps
+ * content, huge blocks come and go. */
+static void check_ordinary_use(void) {
+  for (size_t n = 1; n <= (1 << 20); n = n * 3 + 1) {
+    unsigned char* p = malloc(n);
+    REQUIRE(p != NULL);
+    size_t u = malloc_usable_size(p);
+    CHECK(u >= n);
+    memset(p, 0xab, u);
+    size_t m = n * 2 + 5, kept = u < m ? u : m;
+    p = realloc(p, m);
+    REQUIRE(p != NULL);
+    CHECK(p[0] == 0xab && p[kept - 1] == 0xab);
+    free(p);
+  }
+  for (int i = 0; i < 20; i++) {
+    char* h = malloc((size_t)(4 + i % 3) << 20);
+    REQUIRE(h != NULL);
+    memset(h, 1, malloc_usable_size(h));
+    free(h);
+  }
+  void* a = aligned_alloc(4096, 4096);
+  CHECK(a != NULL && ((uintptr_t)a & 4095) == 0);
+  memset(a, 2, malloc_usable_size(a));
+  free(a);
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "order") == 0) {
+    print_order();
+    return 0;
+  }
+  check_reported("double-free-small", double_free_small, "double free of");
+  check_reported("double-free-mid", double_free_mid, "double free of");
+  check_reported("interior", free_interior, "invalid pointer");
+  check_reported("stack", free_stack, "not allocated by hakmem");
+  check_reported("double-free-large", double_free_large, "double free of");
+  check_reported("double-free-remote", double_free_remote, "double free of");
+  check_reported("overflow-small", overflow_small, "write past the end of the block");
+  check_reported("overflow-mid", overflow_mid, "write past the end of the block");
+  check_reported("write-after-free", write_after_free, "corrupted free list");
+  check_segv("guard-after-header", write_guard_after_header);
+  check_segv("guard-before-huge", write_before_huge);
+  check_segv("guard-after-huge", write_after_huge);
+  check_address_named();
+  check_random_order();
+  check_links_encoded();
+  check_ordinary_use();
+  return hak_test_result("test_secure");
+}
