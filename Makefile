@@ -13,7 +13,7 @@ release:
 	cmake --build build -j $(JOBS)
 
 debug:
-	cmake -S . -B build-debug $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DHAK_DEBUG=ON >/dev/null
+	cmake -S . -B build-debug $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DHAK_DEBUG=ON -DHAK_VALGRIND=ON >/dev/null
 	cmake --build build-debug -j $(JOBS)
 
 # The observing build: per-operation counters in the statistics

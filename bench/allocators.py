@@ -23,7 +23,8 @@ class Allocator:
     A benchmark run really used it when its allocator= field starts with
     `maps_prefix` and its malloc_from= field starts with `malloc_prefix`."""
 
-    def __init__(self, name, preload, maps_prefix, malloc_prefix, hint):
+    def __init__(self, name, preload, maps_prefix, malloc_prefix, hint, optional=False):
+        self.optional = optional  # measured only when asked for by name
         self.name = name
         self.preload = preload
         self.maps_prefix = maps_prefix
@@ -64,6 +65,10 @@ def all_allocators(hakmem_lib=None):
     return [
         Allocator("hakmem", os.path.abspath(hakmem_lib), "libhakmem", "libhakmem",
                   "run `make` at the top of the repository"),
+        # The hardened build, for its cost against release (--only hakmem,hakmem-secure).
+        Allocator("hakmem-secure", os.path.join(os.path.dirname(os.path.abspath(hakmem_lib)),
+                                                "libhakmem-secure.so"),
+                  "libhakmem-secure", "libhakmem-secure", "run `make secure`", optional=True),
         Allocator("glibc", None, "glibc", "libc.so", ""),
         Allocator("mimalloc", os.path.join(LIBDIR, "libmimalloc.so.2"),
                   "libmimalloc", "libmimalloc", "apt install libmimalloc2.0"),
@@ -82,7 +87,7 @@ def select_allocators(names, hakmem_lib=None, default=None):
     (available allocators in canonical order, list of notes about skipped ones)."""
     allocs = all_allocators(hakmem_lib)
     known = [a.name for a in allocs]
-    wanted = names if names else (default or known)
+    wanted = names if names else (default or [a.name for a in allocs if not a.optional])
     for n in wanted:
         if n not in known:
             sys.exit("unknown allocator '%s' (known: %s)" % (n, ", ".join(known)))

@@ -15,7 +15,11 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  if (total > HAK_LARGE_MAX) return hak_huge_alloc(total, 0, true); /* fresh mappings are zero */
+  if (total > HAK_LARGE_MAX) { /* fresh mappings are zero */
+    void* p = hak_huge_alloc(total, 0, true);
+    HAK_VG_ALLOC(p, 1);
+    return p;
+  }
   void* p = hak_alloc_inline(total);
   if (p != NULL) memset(p, 0, total);
   return p;
@@ -43,7 +47,7 @@ static bool realloc_grow_in_place(hak_segment_t* seg, void* p, size_t size) {
       atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) != hak_thread_id())
     return false;
   hak_page_t* page = hak_page_of(seg, p);
-  if (page->cls != HAK_CLASS_LARGE || p != page->start ||
+  if (page->cls != HAK_CLASS_LARGE || p != hak_page_start(page) ||
       !hak_page_grow(hak_tls_heap, page, size + HAK_CANARY_SIZE))
     return false;
   hak_canary_set(page, p); /* at the new end */
@@ -58,14 +62,20 @@ HAK_API void* hak_realloc(void* p, size_t size) {
   }
   hak_segment_t* seg = hak_segment_lookup(p);
   if (seg == NULL) hak_fatal("realloc of a pointer not allocated by hakmem", p);
+  size_t usable = hak_usable(p);
   if (seg->kind == HAK_SEG_HUGE && size > HAK_LARGE_MAX) {
     void* q = hak_huge_realloc(seg, p, size);
-    if (q != NULL) return q;
+    if (q != NULL) {
+      HAK_VG_RESIZED(p, q, usable);
+      return q;
+    }
   }
-  size_t usable = hak_usable(p);
   /* Stay if it fits and does not waste more than half. */
   if (size <= usable && size >= usable / 2) return p;
-  if (size > usable && size <= HAK_LARGE_MAX && realloc_grow_in_place(seg, p, size)) return p;
+  if (size > usable && size <= HAK_LARGE_MAX && realloc_grow_in_place(seg, p, size)) {
+    HAK_VG_RESIZED(p, p, usable);
+    return p;
+  }
   void* q = hak_alloc_inline(size);
   if (q == NULL) return NULL; /* errno is ENOMEM; p is untouched */
   memcpy(q, p, size < usable ? size : usable);
@@ -97,11 +107,19 @@ void* hak_alloc_aligned(size_t align, size_t size) {
       return hak_alloc_inline(rounded);
   }
   size_t need = size + align - HAK_ALIGN;
-  if (need > HAK_LARGE_MAX) return hak_huge_alloc(size, align, false);
+  if (need > HAK_LARGE_MAX) {
+    void* h = hak_huge_alloc(size, align, false);
+    HAK_VG_ALLOC(h, 0);
+    return h;
+  }
   uint8_t* p = hak_alloc_inline(need);
   if (p == NULL) return NULL;
   uint8_t* q = (uint8_t*)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));
-  if (q != p) mark_aligned(q);
+  if (q != p) {
+    mark_aligned(q);
+    HAK_VG_FREE(p); /* memcheck knows the block by the address handed out */
+    HAK_VG_ALLOC(q, 0);
+  }
   return q;
 }
 

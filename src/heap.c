@@ -121,13 +121,19 @@ void* hak_heap_alloc(hak_heap_t* heap, size_t size) {
   return hak_huge_alloc(size, 0, false);
 }
 
-void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
+static void* alloc_slow(hak_heap_t* heap, size_t size) {
   if (size > HAK_LARGE_MAX) return hak_huge_alloc(size, 0, false); /* needs no heap */
   if (unlikely(heap->kind < HAK_HEAP_THREAD)) {
     if (heap->kind == HAK_HEAP_DEAD || (heap = hak_thread_heap_init()) == NULL)
       return hak_alloc_on_dead_thread(size);
   }
   return hak_heap_alloc(heap, size);
+}
+
+void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
+  void* p = alloc_slow(heap, size);
+  HAK_VG_ALLOC(p, 0);
+  return p;
 }
 
 void* hak_alloc_on_dead_thread(size_t size) {
@@ -210,12 +216,12 @@ void hak_free_special(void* p) {
 
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (seg->kind == HAK_SEG_HUGE) {
-    if (p != seg->huge_block) hak_fatal("free of an invalid pointer (inside a huge block)", p);
+    if ((uint8_t*)p != (uint8_t*)seg + seg->huge_off) hak_fatal("free of an invalid pointer (inside a huge block)", p);
     hak_huge_free(seg);
     return;
   }
   hak_heap_t* owner = hak_segment_heap(seg);
-  if (owner == NULL || page->units == 0 || (uint8_t*)p < page->start)
+  if (owner == NULL || page->units == 0 || (uint8_t*)p < hak_page_start(page))
     hak_fatal("free of an invalid pointer (not a block)", p);
   if (owner == hak_tls_heap && page->in_full && hak_is_block_start_full(page, p)) {
     hak_block_in(page, (hak_block_t*)p);

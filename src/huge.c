@@ -179,8 +179,8 @@ static bool huge_guard(uint8_t* base, size_t off, size_t total) {
 /* Enters a huge block in the segment map (and the live counts), or takes it out. */
 static void huge_map(hak_segment_t* seg, bool on) {
   hak_segmap_set(seg, on ? HAK_MAP_SEGMENT : HAK_MAP_NONE);
-  if (seg->huge_block == (uint8_t*)seg + HAK_SEG_SIZE)
-    hak_segmap_set(seg->huge_block, on ? HAK_MAP_HUGE_ABOVE : HAK_MAP_NONE);
+  if (seg->huge_off == HAK_SEG_SIZE)
+    hak_segmap_set((uint8_t*)seg + HAK_SEG_SIZE, on ? HAK_MAP_HUGE_ABOVE : HAK_MAP_NONE);
   if (on) {
     hak_count(huge_live, 1);
     hak_count(huge_live_bytes, seg->map_size);
@@ -248,10 +248,13 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
     hak_segment_t* seg = huge_cache_take(total);
     if (seg != NULL && seg->map_size != total) seg = huge_resize_cached(seg, total);
     if (seg != NULL) {
-      seg->huge_block = (uint8_t*)seg + off;
-      if (zero) memset(seg->huge_block, 0, size);
+      seg->huge_off = off;
+      if (zero) {
+        HAK_VG_UNDEFINED((uint8_t*)seg + off, size); /* freed: inaccessible to memcheck */
+        memset((uint8_t*)seg + off, 0, size);
+      }
       huge_map(seg, true);
-      return seg->huge_block;
+      return (uint8_t*)seg + off;
     }
   }
   /* The header sits on a 2 MiB boundary; with a larger alignment, that
@@ -272,16 +275,16 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   hak_segment_t* seg = (hak_segment_t*)base;
   seg->kind = HAK_SEG_HUGE;
   seg->map_size = total;
-  seg->huge_block = base + off;
+  seg->huge_off = off;
   huge_map(seg, true);
   hak_count(huge_allocs, 1);
-  return seg->huge_block;
+  return base + off;
 }
 
 void hak_huge_free(hak_segment_t* seg) {
   huge_map(seg, false);
   huge_spare_forget(seg);
-  if (seg->huge_block == (uint8_t*)seg + HUGE_PLAIN_OFFSET)
+  if (seg->huge_off == HUGE_PLAIN_OFFSET)
     huge_cache_put(seg);
   else
     hak_os_unmap(seg, seg->map_size);
@@ -295,7 +298,7 @@ size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
  * place, or move the pages to a new 2 MiB-aligned place.  NULL means the
  * caller must allocate and copy (or that memory is exhausted). */
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
-  if (p != seg->huge_block) hak_fatal("realloc of an invalid pointer (inside a huge block)", p);
+  if ((uint8_t*)p != (uint8_t*)seg + seg->huge_off) hak_fatal("realloc of an invalid pointer (inside a huge block)", p);
   if (HAK_SECURE) return NULL; /* a guarded mapping is not one mapping mremap can move */
   uint8_t* base = (uint8_t*)seg;
   if (size <= HAK_LARGE_MAX || size > HAK_SIZE_LIMIT) return NULL;
@@ -324,7 +327,6 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   }
   seg = (hak_segment_t*)dest;
   seg->map_size = total;
-  seg->huge_block = dest + off;
   huge_map(seg, true);
-  return seg->huge_block;
+  return dest + off;
 }

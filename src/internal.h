@@ -29,6 +29,9 @@
 #ifndef HAK_SECURE
 #define HAK_SECURE 0 /* 1 in the secure build (make secure): see "the secure build" below */
 #endif
+#ifndef HAK_VALGRIND
+#define HAK_VALGRIND 0 /* 1 in the debug build: blocks annotated for memcheck (below) */
+#endif
 
 #if HAK_DEBUG
 void hak_assert_fail(const char* expr, const char* file, int line);
@@ -118,6 +121,21 @@ typedef struct hak_page_s {
   };
 } hak_page_t;
 
+/* The first block of a page.  The debug build keeps it disguised in the
+ * descriptor: memcheck would take it for a pointer to the block, and a lost
+ * first block of a page for a reachable one. */
+#if HAK_VALGRIND
+#define HAK_PAGE_START_DISGUISE ((uintptr_t)1 << 63)
+#else
+#define HAK_PAGE_START_DISGUISE ((uintptr_t)0)
+#endif
+HAK_INLINE uint8_t* hak_page_start(const hak_page_t* page) {
+  return (uint8_t*)((uintptr_t)page->start ^ HAK_PAGE_START_DISGUISE);
+}
+HAK_INLINE void hak_page_set_start(hak_page_t* page, uint8_t* start) {
+  page->start = (uint8_t*)((uintptr_t)start ^ HAK_PAGE_START_DISGUISE);
+}
+
 typedef struct hak_page_queue_s {
   hak_page_t* first;
   hak_page_t* last;
@@ -137,7 +155,8 @@ struct hak_segment_s {
   hak_segment_t* next;         /* in the owner's segment list or the free cache */
   hak_segment_t* prev;
   size_t map_size;             /* huge: the mapping, which starts at the header */
-  uint8_t* huge_block;         /* huge: the block */
+  size_t huge_off;             /* huge: the block's offset from the header (an offset,
+                                  not a pointer: memcheck would see the block reachable) */
   hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
   uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
@@ -292,12 +311,54 @@ HAK_COLD __attribute__((noreturn)) void hak_overflow(const struct hak_page_s* pa
 #define HAK_CANARY_SIZE 0
 #endif
 
+/* Memcheck (valgrind) sees hakmem's blocks in the debug build: a block is
+ * registered (its usable bytes) when handed out and unregistered when freed,
+ * so that memcheck reports uses after free and leaks; a free block stays
+ * inaccessible but for the moments hakmem reads or writes its link.  The
+ * other builds compile it all away. */
+#if HAK_VALGRIND
+#include <valgrind/memcheck.h>
+size_t hak_usable(const void* p);
+#define HAK_VG_ALLOC(p, zeroed) \
+  do {                          \
+    if ((p) != NULL) VALGRIND_MALLOCLIKE_BLOCK((p), hak_usable(p), 0, (zeroed)); \
+  } while (0)
+#define HAK_VG_FREE(p)                                    \
+  do {                                                    \
+    if ((p) != NULL) VALGRIND_FREELIKE_BLOCK((p), 0);     \
+  } while (0)
+/* Block p of old usable bytes is now q (p itself if resized in place). */
+#define HAK_VG_RESIZED(p, q, old)                                           \
+  do {                                                                      \
+    size_t now_ = hak_usable(q);                                            \
+    if ((q) == (p)) {                                                       \
+      VALGRIND_RESIZEINPLACE_BLOCK((p), (old), now_, 0);                    \
+    } else { /* moved by mremap: its contents came along */                 \
+      VALGRIND_FREELIKE_BLOCK((p), 0);                                      \
+      VALGRIND_MALLOCLIKE_BLOCK((q), now_, 0, 0);                           \
+      VALGRIND_MAKE_MEM_DEFINED((q), (old) < now_ ? (old) : now_);          \
+    }                                                                       \
+  } while (0)
+#define HAK_VG_UNDEFINED(p, n) ((void)VALGRIND_MAKE_MEM_UNDEFINED((p), (n)))
+#define HAK_VG_LINK_OPEN(b) ((void)VALGRIND_MAKE_MEM_DEFINED((b), sizeof(uintptr_t)))
+#define HAK_VG_LINK_CLOSE(b) ((void)VALGRIND_MAKE_MEM_NOACCESS((b), sizeof(uintptr_t)))
+#else
+#define HAK_VG_ALLOC(p, zeroed) ((void)0)
+#define HAK_VG_FREE(p) ((void)0)
+#define HAK_VG_RESIZED(p, q, old) ((void)0)
+#define HAK_VG_UNDEFINED(p, n) ((void)0)
+#define HAK_VG_LINK_OPEN(b) ((void)0)
+#define HAK_VG_LINK_CLOSE(b) ((void)0)
+#endif
+
 HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
+  HAK_VG_LINK_OPEN(b);
 #if HAK_SECURE
   b->link = __builtin_bswap64((uintptr_t)next ^ hak_secret[0]) ^ (uintptr_t)b;
 #else
   b->link = (uintptr_t)next;
 #endif
+  HAK_VG_LINK_CLOSE(b);
 }
 
 #if HAK_SECURE
@@ -312,6 +373,11 @@ HAK_INLINE hak_block_t* hak_block_next(const hak_block_t* b) {
   uintptr_t next = hak_link_decode(b);
   if (unlikely(next != 0 && (((next ^ (uintptr_t)b) & ~(uintptr_t)HAK_SEG_MASK) | (next & 15)) != 0))
     hak_bad_link(b);
+  return (hak_block_t*)next;
+#elif HAK_VALGRIND
+  HAK_VG_LINK_OPEN(b);
+  uintptr_t next = b->link;
+  HAK_VG_LINK_CLOSE(b);
   return (hak_block_t*)next;
 #else
   return (hak_block_t*)b->link;
@@ -410,7 +476,7 @@ HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
 
 /* Whether p is the start of a block of page (false for a descriptor in no page). */
 HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
-  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)page->start);
+  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)hak_page_start(page));
   /* Relaxed atomic: a remote free reads it while the owner may move the page. */
   uint64_t magic = __atomic_load_n(&page->div_magic, __ATOMIC_RELAXED);
   return (uint64_t)off * magic < magic;
@@ -418,14 +484,14 @@ HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
 
 /* The same test for a page found full, whose div_magic is 0 meanwhile. */
 HAK_INLINE bool hak_is_block_start_full(const hak_page_t* page, const void* p) {
-  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)page->start);
+  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)hak_page_start(page));
   return (uint64_t)off * page->full_magic < page->full_magic;
 }
 
 /* The start of the block holding p (p may point inside an aligned block). */
 HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
-  size_t off = (size_t)((const uint8_t*)p - page->start);
-  return (hak_block_t*)(page->start + off - off % page->block_size);
+  size_t off = (size_t)((const uint8_t*)p - hak_page_start(page));
+  return (hak_block_t*)(hak_page_start(page) + off - off % page->block_size);
 }
 
 HAK_COLD __attribute__((noreturn)) void hak_double_free(const hak_page_t* page, const void* p);
@@ -438,7 +504,7 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
     hak_bad_link(b);
   return (hak_block_t*)next;
 #else
-  return (hak_block_t*)b->link;
+  return hak_block_next(b);
 #endif
 }
 
@@ -498,6 +564,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
     page->free = hak_block_next(b);
     page->used++;
     hak_block_out(page, b);
+    HAK_VG_ALLOC(b, 0);
     HAK_OBSERVE_ADD(heap->stats.alloc_current[page->cls]);
     return b;
   }
@@ -510,6 +577,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
  * Everything else (NULL, foreign pointers, huge blocks, other threads' blocks,
  * aligned blocks) goes to the slow paths. */
 HAK_INLINE void hak_free_inline(void* p) {
+  HAK_VG_FREE(p);
   if (unlikely(hak_segmap_get(p) != HAK_MAP_SEGMENT)) {
     hak_free_special(p);
     return;

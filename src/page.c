@@ -28,7 +28,7 @@ static void seg_remove(hak_segment_t** list, hak_segment_t* seg) {
  * class never holds more than part of a page carved and unused. */
 void hak_page_extend(hak_page_t* page) {
   uint32_t bs = page->block_size;
-  uint8_t* first = page->start + (size_t)page->capacity * bs;
+  uint8_t* first = hak_page_start(page) + (size_t)page->capacity * bs;
   uintptr_t boundary = ((uintptr_t)first & ~(uintptr_t)(HAK_OS_PAGE - 1)) + HAK_OS_PAGE;
   uint32_t n = (uint32_t)((boundary - (uintptr_t)first + bs - 1) / bs);
 #if HAK_SECURE
@@ -66,7 +66,7 @@ static void page_format(hak_page_t* page, unsigned cls) {
   page->has_aligned = 0;
   page->used = 0;
   page->cls = (uint8_t)cls;
-  page->start = start;
+  hak_page_set_start(page, start);
   page->next = page->prev = NULL;
   if (cls == HAK_CLASS_LARGE) {
     page->block_size = (uint32_t)(end - start);
@@ -184,13 +184,13 @@ void hak_page_trim(hak_page_t* page) {
   uint32_t cap = page->capacity, bs = page->block_size;
   if (cap > sizeof is_free * 8) return;
   for (hak_block_t* b = page->free; b != NULL; b = hak_block_next(b)) {
-    uint32_t i = (uint32_t)((size_t)((uint8_t*)b - page->start) / bs);
+    uint32_t i = (uint32_t)((size_t)((uint8_t*)b - hak_page_start(page)) / bs);
     is_free[i / 64] |= (uint64_t)1 << (i % 64);
   }
   uint32_t top = cap; /* one past the highest block in use */
   while (top > 0 && (is_free[(top - 1) / 64] >> ((top - 1) % 64) & 1)) top--;
-  uintptr_t from = ((uintptr_t)page->start + (size_t)top * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
-  uintptr_t to = ((uintptr_t)page->start + (size_t)cap * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
+  uintptr_t from = ((uintptr_t)hak_page_start(page) + (size_t)top * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
+  uintptr_t to = ((uintptr_t)hak_page_start(page) + (size_t)cap * bs + HAK_OS_PAGE - 1) & ~(uintptr_t)(HAK_OS_PAGE - 1);
   if (from < to && HAK_POLICY(purge_delay_ms) >= 0) { /* -1: nothing is purged but by malloc_trim */
     cap = top;
     hak_os_purge((void*)from, to - from); /* committed stays counted by whole units */
@@ -198,7 +198,7 @@ void hak_page_trim(hak_page_t* page) {
   hak_block_t* list = NULL;
   for (uint32_t i = cap; i-- > 0;) {
     if (is_free[i / 64] >> (i % 64) & 1) {
-      hak_block_t* b = (hak_block_t*)(page->start + (size_t)i * bs);
+      hak_block_t* b = (hak_block_t*)(hak_page_start(page) + (size_t)i * bs);
       hak_block_set_next(b, list);
       list = b;
     }

@@ -114,7 +114,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   seg->free_units = HAK_SEG_ALL_FREE;
   seg->next = seg->prev = NULL;
   seg->map_size = 0;
-  seg->huge_block = NULL;
+  seg->huge_off = 0;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
   atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
   hak_segmap_set(seg, HAK_MAP_SEGMENT);
