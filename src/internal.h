@@ -293,9 +293,9 @@ enum {
  * cannot plant a pointer, and checks each link it follows: one that does not
  * decode to a 16-byte aligned block of the same segment (of some segment, on
  * a remote list) is reported as a corrupted heap.  Every block of a page
- * ends with a canary word, checked when the block is freed (a write past its
- * end), and a freed block carries a tag in its second word, checked there too
- * (a double free, wherever the block sits in the free lists).  Fresh blocks
+ * ends with a canary word while handed out and a freed tag while free,
+ * checked when the block is freed: a tag is a double free (wherever the block
+ * sits in the free lists), anything else a write past its end.  Fresh blocks
  * are handed out in random order, and guard pages follow segment headers and
  * surround huge blocks.  The release build compiles all of it away. */
 #if HAK_SECURE
@@ -306,7 +306,6 @@ enum {
 /* Drawn at start (hak_secure_init): the link key, the freed tag's, the canary's. */
 extern uintptr_t hak_secret[3];
 HAK_COLD __attribute__((noreturn)) void hak_bad_link(const void* at);
-HAK_COLD __attribute__((noreturn)) void hak_overflow(const struct hak_page_s* page, const void* b);
 #else
 #define HAK_CANARY_SIZE 0
 #endif
@@ -509,23 +508,22 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 }
 
 #if HAK_SECURE
+/* The last word of a block: its canary while handed out, its freed tag while
+ * free (each the block's address under a secret of its own). */
 HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
   *hak_canary_at(page, b) = (uintptr_t)b ^ hak_secret[2];
 }
-/* A block handed out: no freed tag, a canary at its end. */
-HAK_INLINE void hak_block_out(const hak_page_t* page, hak_block_t* b) {
-  ((uintptr_t*)b)[1] = 0;
-  hak_canary_set(page, b);
-}
-/* A block the program frees: not freed already, its canary intact; tagged. */
+#define hak_block_out(page, b) hak_canary_set(page, b)
+HAK_COLD __attribute__((noreturn)) void hak_bad_canary(const hak_page_t* page, const void* b);
+/* A block the program frees: its canary intact (else it was freed already,
+ * or written past its end); tagged freed. */
 HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
-  uintptr_t* tag = &((uintptr_t*)b)[1];
-  if (unlikely(*tag == ((uintptr_t)b ^ hak_secret[1]))) hak_double_free(page, b);
-  if (unlikely(*hak_canary_at(page, b) != ((uintptr_t)b ^ hak_secret[2]))) hak_overflow(page, b);
-  *tag = (uintptr_t)b ^ hak_secret[1];
+  uintptr_t* last = hak_canary_at(page, b);
+  if (unlikely(*last != ((uintptr_t)b ^ hak_secret[2]))) hak_bad_canary(page, b);
+  *last = (uintptr_t)b ^ hak_secret[1];
 }
 #else
 #define hak_canary_set(page, b) ((void)0)

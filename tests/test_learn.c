@@ -13,7 +13,7 @@
 #include "internal.h"
 #include "test_util.h"
 
-enum { BLOCK = 256 * 1024, BLOCKS = 32 }; /* 8 MiB of large blocks, 4 units each */
+enum { BLOCK = 256 * 1024 - HAK_CANARY_SIZE, BLOCKS = 32 }; /* 8 MiB of large blocks, 4 units each */
 
 static double now_s(void) {
   struct timespec ts;
