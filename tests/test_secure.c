@@ -79,13 +79,13 @@ static void double_free_remote(void) {
 
 /* One byte written past the usable end of a small and of a mid block. */
 static void overflow_small(void) {
-  char* p = malloc(24);
+  char* p = hak_launder(malloc(24)); /* (hidden from UBSan's object-size check) */
   p[malloc_usable_size(p)] = 'x';
   free(p);
 }
 
 static void overflow_mid(void) {
-  char* p = malloc(3000);
+  char* p = hak_launder(malloc(3000));
   memset(p, 'y', malloc_usable_size(p) + 4);
   free(p);
 }
@@ -115,7 +115,7 @@ static void write_before_huge(void) {
 }
 
 static void write_after_huge(void) {
-  char* p = malloc((3 << 20) + 100);
+  char* p = hak_launder(malloc((3 << 20) + 100));
   volatile char* end = p + malloc_usable_size(p);
   end[-1] = 1; /* the last usable byte is fine */
   end[0] = 1;
