@@ -51,7 +51,7 @@ deps:
 # whole suite too; TSan the multi-thread tests through the hak_* API (label
 # "tsan"); the observing build the statistics tests (label "observe").
 test: deps
-	$(MAKE) test-release test-clang test-debug test-secure test-observe test-ubsan test-tsan
+	$(MAKE) test-release test-clang test-debug test-secure test-observe test-ubsan test-tsan test-fuzz
 
 test-release: release
 	cd build && ctest --output-on-failure -j $(JOBS)
@@ -82,8 +82,30 @@ test-real: release
 	cd build && ctest --output-on-failure -R '^real_'
 	python3 tests/real/run_real.py --lib build/libhakmem.so --work build/tests/real_work/redis redis
 
+# Fuzzing (tests/fuzz/README.md): the libFuzzer target build-fuzz/fuzz_hak,
+# built with clang by tests/fuzz/Makefile.  test-fuzz (part of make test) runs
+# the committed corpus once, then FUZZ_TEST_SECONDS of fuzzing, and the
+# corpus once more on the secure build (build-fuzz-secure); make fuzz runs
+# FUZZ_SECONDS, keeping new inputs in build-fuzz/corpus; make fuzz-merge
+# minimizes them into tests/fuzz/corpus.  Any finding fails the target.
+.PHONY: fuzz-build test-fuzz fuzz fuzz-merge
+FUZZ_SECONDS ?= 600
+FUZZ_TEST_SECONDS ?= 60
+fuzz-build:
+	$(MAKE) -C tests/fuzz build
+
+test-fuzz:
+	$(MAKE) -C tests/fuzz test FUZZ_TEST_SECONDS=$(FUZZ_TEST_SECONDS)
+	$(MAKE) -C tests/fuzz replay FUZZ_DEFS=-DHAK_SECURE=1 FUZZ_OUT=$(CURDIR)/build-fuzz-secure
+
+fuzz: deps
+	$(MAKE) -C tests/fuzz fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+fuzz-merge:
+	$(MAKE) -C tests/fuzz merge
+
 clean:
-	rm -rf build build-debug build-observe build-secure build-ubsan build-tsan build-clang
+	rm -rf build build-debug build-observe build-secure build-ubsan build-tsan build-clang build-fuzz build-fuzz-secure
 
 # Benchmarks (bench/): hakmem side by side with its peers, same binaries via
 # LD_PRELOAD, interleaved.

@@ -107,7 +107,7 @@ void* hak_alloc_aligned(size_t align, size_t size) {
       return hak_alloc_inline(rounded);
   }
   size_t need = size + align - HAK_ALIGN;
-  if (need > HAK_LARGE_MAX) {
+  if (need > HAK_LARGE_MAX - HAK_CANARY_SIZE) { /* (a block above would be huge) */
     void* h = hak_huge_alloc(size, align, false);
     HAK_VG_ALLOC(h, 0);
     return h;

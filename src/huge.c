@@ -170,10 +170,21 @@ static size_t huge_offset(size_t align) {
 
 /* Lays the guard pages of the secure build around a block at off in a
  * mapping of total bytes. */
-static bool huge_guard(uint8_t* base, size_t off, size_t total) {
+static bool huge_guard(hak_segment_t* seg, size_t off, size_t total) {
   if (!HAK_SECURE) return true;
-  return hak_os_guard(base + off - HUGE_GUARD, HUGE_GUARD) &&
-         hak_os_guard(base + total - HUGE_GUARD, HUGE_GUARD);
+  seg->huge_guard_page = (uint32_t)(total / HAK_OS_PAGE) - 1;
+  return hak_os_guard((uint8_t*)seg + off - HUGE_GUARD, HUGE_GUARD) &&
+         hak_os_guard((uint8_t*)seg + total - HUGE_GUARD, HUGE_GUARD);
+}
+
+/* Moves the guard after the block of a reused mapping to end the block at
+ * total bytes, the pages beyond kept backed as the release build keeps them. */
+static bool huge_guard_tail(hak_segment_t* seg, size_t total) {
+  size_t at = total - HUGE_GUARD, old = (size_t)seg->huge_guard_page * HAK_OS_PAGE;
+  if (at == old) return true;
+  if (old + HUGE_GUARD <= seg->map_size && !hak_os_unguard((uint8_t*)seg + old, HUGE_GUARD)) return false;
+  seg->huge_guard_page = (uint32_t)(at / HAK_OS_PAGE);
+  return hak_os_guard((uint8_t*)seg + at, HUGE_GUARD);
 }
 
 /* Enters a huge block in the segment map (and the live counts), or takes it out. */
@@ -202,17 +213,6 @@ static uint8_t* huge_map_aligned(size_t total, size_t align) {
  * (within HUGE_SPARE_MAX) or trims it, grows a smaller one in place or moves
  * it with mremap.  NULL if it could not (the mapping is then gone). */
 static hak_segment_t* huge_resize_cached(hak_segment_t* seg, size_t total) {
-#if HAK_SECURE
-  /* Only larger ones are taken (a guarded mapping cannot be grown): the tail
-   * goes, with the old guard at its end, and a new guard ends the block. */
-  hak_os_unmap((uint8_t*)seg + total, seg->map_size - total);
-  seg->map_size = total;
-  if (!hak_os_guard((uint8_t*)seg + total - HUGE_GUARD, HUGE_GUARD)) {
-    hak_os_unmap(seg, total);
-    return NULL;
-  }
-  return seg;
-#endif
   if (seg->map_size > total) {
     size_t tail = seg->map_size - total;
     if (atomic_fetch_add_explicit(&huge_spare_bytes, tail, memory_order_relaxed) + tail <= HUGE_SPARE_MAX) {
@@ -222,8 +222,15 @@ static hak_segment_t* huge_resize_cached(hak_segment_t* seg, size_t total) {
       hak_os_unmap((uint8_t*)seg + total, tail);
       seg->map_size = total;
     }
+    if (HAK_SECURE && !huge_guard_tail(seg, total)) {
+      huge_spare_forget(seg);
+      hak_os_unmap(seg, seg->map_size);
+      return NULL;
+    }
     return seg;
   }
+  /* (The secure build takes only larger ones: guarded, it is several
+   * mappings, which mremap cannot grow.) */
   if (hak_os_remap(seg, seg->map_size, total, NULL) == NULL) {
     uint8_t* dest = hak_os_map_aligned(total, HAK_SEG_SIZE, 0);
     if (dest == NULL || hak_os_remap(seg, seg->map_size, total, dest) == NULL) {
@@ -246,9 +253,15 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   size_t total = PAGE_UP(off + size) + HUGE_GUARD;
   if (off == HUGE_PLAIN_OFFSET) {
     hak_segment_t* seg = huge_cache_take(total);
-    if (seg != NULL && seg->map_size != total) seg = huge_resize_cached(seg, total);
+    if (seg != NULL && seg->map_size != total) {
+      seg = huge_resize_cached(seg, total);
+    } else if (seg != NULL && HAK_SECURE && !huge_guard_tail(seg, total)) { /* a kept tail's */
+      huge_spare_forget(seg);
+      hak_os_unmap(seg, seg->map_size);
+      seg = NULL;
+    }
     if (seg != NULL) {
-      seg->huge_off = off;
+      seg->huge_off = (uint32_t)off;
       if (zero) {
         HAK_VG_UNDEFINED((uint8_t*)seg + off, size); /* freed: inaccessible to memcheck */
         memset((uint8_t*)seg + off, 0, size);
@@ -266,7 +279,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
     errno = ENOMEM;
     return NULL;
   }
-  if (!huge_guard(base, off, total)) {
+  if (!huge_guard((hak_segment_t*)base, off, total)) {
     hak_os_unmap(base, total);
     errno = ENOMEM;
     return NULL;
@@ -275,7 +288,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   hak_segment_t* seg = (hak_segment_t*)base;
   seg->kind = HAK_SEG_HUGE;
   seg->map_size = total;
-  seg->huge_off = off;
+  seg->huge_off = (uint32_t)off;
   huge_map(seg, true);
   hak_count(huge_allocs, 1);
   return base + off;
@@ -291,7 +304,8 @@ void hak_huge_free(hak_segment_t* seg) {
 }
 
 size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
-  return (size_t)((uint8_t*)seg + seg->map_size - HUGE_GUARD - (const uint8_t*)p);
+  size_t end = HAK_SECURE ? (size_t)seg->huge_guard_page * HAK_OS_PAGE : seg->map_size; /* (with the kept tail) */
+  return (size_t)((uint8_t*)seg + end - (const uint8_t*)p);
 }
 
 /* Resizes a huge block without copying when it can: shrink in place, grow in

@@ -155,8 +155,9 @@ struct hak_segment_s {
   hak_segment_t* next;         /* in the owner's segment list or the free cache */
   hak_segment_t* prev;
   size_t map_size;             /* huge: the mapping, which starts at the header */
-  size_t huge_off;             /* huge: the block's offset from the header (an offset,
+  uint32_t huge_off;           /* huge: the block's offset from the header (at most 2 MiB;
                                   not a pointer: memcheck would see the block reachable) */
+  uint32_t huge_guard_page;    /* huge, secure build: the guard page after the block */
   hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
   uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
@@ -616,6 +617,7 @@ void hak_os_purge(void* p, size_t size);
 void hak_os_thp(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 bool hak_os_guard(void* p, size_t size);
+bool hak_os_unguard(void* p, size_t size);
 uint32_t hak_now_ms(void);
 
 /* report.c */

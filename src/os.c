@@ -60,6 +60,14 @@ bool hak_os_guard(void* p, size_t size) {
   return ok;
 }
 
+/* Makes a guard accessible again (a reused huge mapping's old tail guard). */
+bool hak_os_unguard(void* p, size_t size) {
+  int saved = errno;
+  bool ok = mprotect(p, size, PROT_READ | PROT_WRITE) == 0;
+  errno = saved;
+  return ok;
+}
+
 /* Applies HAKMEM_THP to a fresh mapping of segments or a huge block. */
 void hak_os_thp(void* p, size_t size) {
   int32_t thp = HAK_POLICY(thp);

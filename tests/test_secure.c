@@ -251,6 +251,13 @@ static void check_ordinary_use(void) {
     memset(h, 1, malloc_usable_size(h));
     free(h);
   }
+  /* Just below the largest block that is not huge, with the canary (the
+   * fuzzer's finding: such a block became huge and its free aborted). */
+  for (size_t n = 1; n <= 32; n++) {
+    void* b = aligned_alloc((size_t)1 << 20, n);
+    CHECK(b != NULL && ((uintptr_t)b & (((size_t)1 << 20) - 1)) == 0 && malloc_usable_size(b) >= n);
+    free(b);
+  }
   void* a = aligned_alloc(4096, 4096);
   CHECK(a != NULL && ((uintptr_t)a & 4095) == 0);
   memset(a, 2, malloc_usable_size(a));
