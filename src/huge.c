@@ -65,7 +65,7 @@ static hak_segment_t* huge_cache_take(size_t total) {
       huge_cache[i].seg = NULL;
       continue;
     }
-    if (HAK_SECURE && seg->map_size < total) continue; /* see huge_resize_cached */
+    if (HAK_SECURE && seg->map_size < total) continue; /* see huge_fit_cached */
     if (best_slot < 0) {
       best_slot = i;
       continue;
@@ -211,10 +211,11 @@ static uint8_t* huge_map_aligned(size_t total, size_t align) {
 
 /* Fits a cached mapping to total bytes: keeps the backed tail of a larger one
  * (within HUGE_SPARE_MAX) or trims it, grows a smaller one in place or moves
- * it with mremap.  NULL if it could not (the mapping is then gone). */
-static hak_segment_t* huge_resize_cached(hak_segment_t* seg, size_t total) {
-  if (seg->map_size > total) {
-    size_t tail = seg->map_size - total;
+ * it with mremap, and moves the secure build's tail guard.  NULL if it could
+ * not (the mapping is then gone). */
+static hak_segment_t* huge_fit_cached(hak_segment_t* seg, size_t total) {
+  if (seg->map_size >= total) {
+    size_t tail = seg->map_size - total; /* (0: nothing to keep or trim) */
     if (atomic_fetch_add_explicit(&huge_spare_bytes, tail, memory_order_relaxed) + tail <= HUGE_SPARE_MAX) {
       seg->huge_spare_pages = (uint32_t)(tail / HAK_OS_PAGE);
     } else {
@@ -222,6 +223,8 @@ static hak_segment_t* huge_resize_cached(hak_segment_t* seg, size_t total) {
       hak_os_unmap((uint8_t*)seg + total, tail);
       seg->map_size = total;
     }
+    /* The secure build's guard after the block moves to its new end (also
+     * where a kept tail left it elsewhere). */
     if (HAK_SECURE && !huge_guard_tail(seg, total)) {
       huge_spare_forget(seg);
       hak_os_unmap(seg, seg->map_size);
@@ -253,13 +256,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   size_t total = PAGE_UP(off + size) + HUGE_GUARD;
   if (off == HUGE_PLAIN_OFFSET) {
     hak_segment_t* seg = huge_cache_take(total);
-    if (seg != NULL && seg->map_size != total) {
-      seg = huge_resize_cached(seg, total);
-    } else if (seg != NULL && HAK_SECURE && !huge_guard_tail(seg, total)) { /* a kept tail's */
-      huge_spare_forget(seg);
-      hak_os_unmap(seg, seg->map_size);
-      seg = NULL;
-    }
+    if (seg != NULL) seg = huge_fit_cached(seg, total);
     if (seg != NULL) {
       seg->huge_off = (uint32_t)off;
       if (zero) {

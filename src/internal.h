@@ -514,8 +514,10 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
+HAK_INLINE uintptr_t hak_canary_word(const void* b) { return (uintptr_t)b ^ hak_secret[2]; }
+HAK_INLINE uintptr_t hak_freed_word(const void* b) { return (uintptr_t)b ^ hak_secret[1]; }
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
-  *hak_canary_at(page, b) = (uintptr_t)b ^ hak_secret[2];
+  *hak_canary_at(page, b) = hak_canary_word(b);
 }
 #define hak_block_out(page, b) hak_canary_set(page, b)
 HAK_COLD __attribute__((noreturn)) void hak_bad_canary(const hak_page_t* page, const void* b);
@@ -523,8 +525,8 @@ HAK_COLD __attribute__((noreturn)) void hak_bad_canary(const hak_page_t* page, c
  * or written past its end); tagged freed. */
 HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
   uintptr_t* last = hak_canary_at(page, b);
-  if (unlikely(*last != ((uintptr_t)b ^ hak_secret[2]))) hak_bad_canary(page, b);
-  *last = (uintptr_t)b ^ hak_secret[1];
+  if (unlikely(*last != hak_canary_word(b))) hak_bad_canary(page, b);
+  *last = hak_freed_word(b);
 }
 #else
 #define hak_canary_set(page, b) ((void)0)

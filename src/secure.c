@@ -81,7 +81,7 @@ void hak_bad_link(const void* at) {
 
 /* A block freed whose last word is not its canary. */
 void hak_bad_canary(const hak_page_t* page, const void* b) {
-  if (*hak_canary_at(page, b) == ((uintptr_t)b ^ hak_secret[1])) hak_double_free(page, b);
+  if (*hak_canary_at(page, b) == hak_freed_word(b)) hak_double_free(page, b);
   hak_fatal_class("write past the end of the block", b, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
 }
 

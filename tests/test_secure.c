@@ -22,10 +22,22 @@
 
 #define SEG_SIZE ((uintptr_t)2 << 20)
 
+/* The address in the report is the block's: the child sends it through a
+ * pipe before the faulty free. */
+static int address_pipe = -1;
+static void note_and_send(const void* p) {
+  if (address_pipe < 0) return;
+  char buf[64];
+  int n = snprintf(buf, sizeof buf, "%p", p);
+  if (write(address_pipe, buf, (size_t)n) != n) _exit(3);
+  close(address_pipe);
+}
+
 /* The four cases glibc catches. */
 static void double_free_small(void) {
   void* a = malloc(40);
   void* b = malloc(40);
+  note_and_send(a);
   free(a);
   free(b); /* a is no longer the head of the free list */
   free(a);
@@ -146,24 +158,7 @@ static void check_segv(const char* name, void (*fn)(void)) {
   }
 }
 
-/* The address in the report is the block's: the child sends it through a
- * pipe before the faulty free. */
-static int address_pipe = -1;
-static void note_and_send(const void* p) {
-  char buf[64];
-  int n = snprintf(buf, sizeof buf, "%p", p);
-  if (write(address_pipe, buf, (size_t)n) != n) _exit(3);
-  close(address_pipe);
-}
 
-static void double_free_named(void) {
-  void* a = malloc(40);
-  void* b = malloc(40);
-  note_and_send(a);
-  free(a);
-  free(b);
-  free(a);
-}
 
 /* The report of a non-head double free names the block's address. */
 static void check_address_named(void) {
@@ -171,8 +166,9 @@ static void check_address_named(void) {
   REQUIRE(pipe(fds) == 0);
   address_pipe = fds[1];
   char err[512];
-  int status = hak_run_child(double_free_named, err, sizeof err);
+  int status = hak_run_child(double_free_small, err, sizeof err);
   close(fds[1]);
+  address_pipe = -1;
   char addr[64];
   hak_read_all(fds[0], addr, sizeof addr);
   CHECK(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
