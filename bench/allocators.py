@@ -23,8 +23,10 @@ class Allocator:
     A benchmark run really used it when its allocator= field starts with
     `maps_prefix` and its malloc_from= field starts with `malloc_prefix`."""
 
-    def __init__(self, name, preload, maps_prefix, malloc_prefix, hint, optional=False):
+    def __init__(self, name, preload, maps_prefix, malloc_prefix, hint, optional=False,
+                 extra_env=None):
         self.optional = optional  # measured only when asked for by name
+        self.extra_env = extra_env or {}  # set in each run's environment
         self.name = name
         self.preload = preload
         self.maps_prefix = maps_prefix
@@ -40,6 +42,7 @@ class Allocator:
         env.pop("LD_PRELOAD", None)
         if self.preload:
             env["LD_PRELOAD"] = self.preload
+        env.update(self.extra_env)
         return env
 
     def check(self, fields):
@@ -69,6 +72,12 @@ def all_allocators(hakmem_lib=None):
         Allocator("hakmem-secure", os.path.join(os.path.dirname(os.path.abspath(hakmem_lib)),
                                                 "libhakmem-secure.so"),
                   "libhakmem-secure", "libhakmem-secure", "run `make secure`", optional=True),
+        # The sampling heap profiler on at its default rate, for its cost.
+        Allocator("hakmem-prof", os.path.abspath(hakmem_lib), "libhakmem", "libhakmem", "",
+                  optional=True, extra_env={"HAKMEM_PROF": "file:/dev/null"}),
+        # Another build of hakmem (HAKMEM_REF_LIB=path), to compare two builds side by side.
+        Allocator("hakmem-ref", os.path.abspath(os.environ.get("HAKMEM_REF_LIB", "/nonexistent")),
+                  "libhakmem", "libhakmem", "set HAKMEM_REF_LIB to a libhakmem.so", optional=True),
         Allocator("glibc", None, "glibc", "libc.so", ""),
         Allocator("mimalloc", os.path.join(LIBDIR, "libmimalloc.so.2"),
                   "libmimalloc", "libmimalloc", "apt install libmimalloc2.0"),

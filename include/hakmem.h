@@ -82,6 +82,10 @@ void hak_stats_print(FILE* out);
 /* The same as JSON into a file; 0 on success, -1 with errno set. */
 int hak_stats_write_json(const char* path);
 
+/* The sampling heap profiler (HAKMEM_PROF=on): writes the live heap's
+ * profile now, into path (NULL: where HAKMEM_PROF says).  0, or an errno. */
+int hak_prof_write(const char* path);
+
 #ifdef __cplusplus
 }
 #endif

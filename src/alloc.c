@@ -17,6 +17,7 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
   }
   if (total > HAK_LARGE_MAX) { /* fresh mappings are zero */
     void* p = hak_huge_alloc(total, 0, true);
+    if (p != NULL) hak_prof_huge(p, total);
     HAK_VG_ALLOC(p, 1);
     return p;
   }
@@ -41,16 +42,19 @@ size_t hak_usable(const void* p) {
 
 HAK_API size_t hak_usable_size(const void* p) { return hak_usable(p); }
 
-/* A large block of this thread's heap grows over the free units after it. */
+/* A large block of this thread's heap grows over the free units after it
+ * (also one handed out at an inner address: aligned). */
 static bool realloc_grow_in_place(hak_segment_t* seg, void* p, size_t size) {
   if (seg->kind != HAK_SEG_NORMAL ||
       atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) != hak_thread_id())
     return false;
   hak_page_t* page = hak_page_of(seg, p);
-  if (page->cls != HAK_CLASS_LARGE || p != hak_page_start(page) ||
-      !hak_page_grow(hak_tls_heap, page, size + HAK_CANARY_SIZE))
+  uint8_t* start = hak_page_start(page);
+  if (page->cls != HAK_CLASS_LARGE ||
+      !hak_page_grow(hak_tls_heap, page, (size_t)((uint8_t*)p - start) + size + HAK_CANARY_SIZE))
     return false;
-  hak_canary_set(page, p); /* at the new end */
+  hak_canary_set(page, start); /* at the new end */
+  if (hak_page_is_sampled(page)) hak_prof_moved(p, p, size);
   return true;
 }
 
@@ -66,6 +70,7 @@ HAK_API void* hak_realloc(void* p, size_t size) {
   if (seg->kind == HAK_SEG_HUGE && size > HAK_LARGE_MAX) {
     void* q = hak_huge_realloc(seg, p, size);
     if (q != NULL) {
+      if (hak_prof_has_samples()) hak_prof_moved(p, q, size);
       HAK_VG_RESIZED(p, q, usable);
       return q;
     }
@@ -83,16 +88,7 @@ HAK_API void* hak_realloc(void* p, size_t size) {
   return q;
 }
 
-/* Marks the page of an inner-aligned block, so that its free finds the start. */
-static void mark_aligned(void* p) {
-  hak_segment_t* seg = hak_segment_of(p);
-  hak_page_t* page = hak_page_of(seg, p);
-  __atomic_store_n(&page->has_aligned, 1, __ATOMIC_RELAXED);
-}
-
-/* align: a power of two (callers check). */
-void* hak_alloc_aligned(size_t align, size_t size) {
-  if (align <= HAK_ALIGN) return hak_alloc_inline(size);
+static void* alloc_aligned(size_t align, size_t size) {
   if (size > HAK_SIZE_LIMIT || align > HAK_SIZE_LIMIT) {
     errno = ENOMEM;
     return NULL;
@@ -116,11 +112,22 @@ void* hak_alloc_aligned(size_t align, size_t size) {
   if (p == NULL) return NULL;
   uint8_t* q = (uint8_t*)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));
   if (q != p) {
-    mark_aligned(q);
+    hak_page_mark_inner(q);
     HAK_VG_FREE(p); /* memcheck knows the block by the address handed out */
     HAK_VG_ALLOC(q, 0);
   }
   return q;
+}
+
+/* align: a power of two (callers check).  The profiler samples none of these
+ * (a sampled block sits at an inner address, prof.c). */
+void* hak_alloc_aligned(size_t align, size_t size) {
+  if (align <= HAK_ALIGN) return hak_alloc_inline(size);
+  bool busy = hak_prof_busy;
+  hak_prof_busy = true;
+  void* p = alloc_aligned(align, size);
+  hak_prof_busy = busy;
+  return p;
 }
 
 HAK_API void* hak_aligned_alloc(size_t align, size_t size) {

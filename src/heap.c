@@ -131,7 +131,11 @@ static void* alloc_slow(hak_heap_t* heap, size_t size) {
 }
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
-  void* p = alloc_slow(heap, size);
+  void* p;
+  if (heap->kind >= HAK_HEAP_THREAD && unlikely(hak_prof_due(heap, size)))
+    p = hak_prof_alloc(heap, size);
+  else
+    p = alloc_slow(heap, size);
   HAK_VG_ALLOC(p, 0);
   return p;
 }
@@ -217,6 +221,7 @@ void hak_free_special(void* p) {
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (seg->kind == HAK_SEG_HUGE) {
     if ((uint8_t*)p != (uint8_t*)seg + seg->huge_off) hak_fatal("free of an invalid pointer (inside a huge block)", p);
+    if (hak_prof_has_samples()) hak_prof_forget(p);
     hak_huge_free(seg);
     return;
   }
@@ -233,6 +238,7 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   hak_block_t* b = hak_is_block_start(page, p) ? (hak_block_t*)p : hak_block_start(page, p);
   if ((void*)b != p && !__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED))
     hak_fatal("free of an invalid pointer (inside a block)", p);
+  if (((void*)b != p || hak_page_is_sampled(page)) && hak_prof_has_samples()) hak_prof_forget(p);
   hak_block_in(page, b);
   if (owner == hak_tls_heap) {
     HAK_OBSERVE_ADD(owner->stats.free_partial[hak_stat_class(page)]);
@@ -310,6 +316,7 @@ hak_heap_t* hak_thread_heap_init(void) {
   heap->pool_next = NULL;
   heap->kind = HAK_HEAP_THREAD;
   heap->tid = hak_thread_id();
+  hak_prof_arm(heap);
   hak_segments_set_owner(heap);
   heap_reset_current(heap);
   hak_tls_heap = heap;

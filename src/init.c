@@ -48,6 +48,7 @@ void hak_thread_register(hak_heap_t* heap) {
 
 /* fork: hold every lock across the fork so the child finds them consistent. */
 static void fork_prepare(void) {
+  hak_prof_lock();
   hak_learn_lock(); /* before the policy lock: a decision publishes under it */
   hak_policy_lock();
   hak_heaps_lock();
@@ -60,6 +61,7 @@ static void fork_parent(void) {
   hak_heaps_unlock();
   hak_policy_unlock();
   hak_learn_unlock();
+  hak_prof_unlock();
 }
 static void fork_child(void) {
   hak_segments_fork_child(hak_tls_heap);
@@ -68,6 +70,7 @@ static void fork_child(void) {
   hak_heaps_unlock();
   hak_policy_unlock();
   hak_learn_unlock();
+  hak_prof_unlock();
 }
 
 __attribute__((constructor(101))) static void hak_constructor(void) {
@@ -76,5 +79,6 @@ __attribute__((constructor(101))) static void hak_constructor(void) {
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {
+  hak_prof_at_exit();
   if (HAK_POLICY(stats) != HAK_STATS_OFF) hak_stats_at_exit(stats_fd >= 0 ? stats_fd : 2);
 }

@@ -195,6 +195,7 @@ typedef struct hak_heap_stats_s {
 #endif
 
 struct hak_heap_s {
+  int64_t prof_left;                    /* bytes to hand out before the next sample (prof.c) */
   hak_page_t* direct[HAK_DIRECT_SLOTS]; /* size/16 -> current page (small sizes) */
   hak_page_t* current[HAK_CLASSES];     /* class -> current page, never NULL */
   hak_page_queue_t queue[HAK_CLASSES];  /* pages with (possibly) free blocks */
@@ -209,6 +210,7 @@ struct hak_heap_s {
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
   hak_heap_t* all_next;                 /* every heap ever made (stats) */
+  uint64_t prof_rng;                    /* the profiler's gaps between samples */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
@@ -230,6 +232,8 @@ enum { HAK_PURGE_DONTNEED = 0, HAK_PURGE_FREE = 1 };
 enum { HAK_THP_SYSTEM = 0, HAK_THP_ON = 1, HAK_THP_OFF = 2 };
 enum { HAK_STATS_OFF = 0, HAK_STATS_ON = 1, HAK_STATS_JSON = 2 };
 extern char hak_stats_path[256]; /* HAKMEM_STATS=json:PATH */
+enum { HAK_PROF_OFF = 0, HAK_PROF_ON = 1, HAK_PROF_FILE = 2 };
+extern char hak_prof_path[256]; /* HAKMEM_PROF=file:PATH */
 typedef struct hak_policy_s {
   /* A free unit's memory is given back (madvise) once it has stayed free this
    * long: units reused sooner cost no system call and no page fault.  0: at
@@ -240,6 +244,9 @@ typedef struct hak_policy_s {
   int32_t stats;      /* HAK_STATS_*: the report at exit */
   int32_t verbose;    /* print the configuration at start */
   int32_t learn;      /* the learner tunes purge_delay_ms (learn.c) */
+  int32_t prof;       /* HAK_PROF_*: the sampling heap profiler (prof.c) */
+  int32_t prof_rate;  /* its mean gap between samples, in bytes */
+  int32_t prof_signal; /* a signal that writes the profile; 0: none */
 } hak_policy_t;
 extern _Atomic(const hak_policy_t*) hak_policy_now;
 HAK_INLINE const hak_policy_t* hak_policy(void) {
@@ -543,8 +550,9 @@ HAK_COLD void hak_free_special(void* p);
 
 /* ---- the fast paths ------------------------------------------------------ */
 
-/* malloc: size -> current page -> pop.  The empty sentinel heap's pages have
- * no free blocks, so a new thread falls into the slow path, which sets it up.
+/* malloc: size -> current page -> pop, and count the bytes down to the
+ * profiler's next sample (prof.c).  The empty sentinel heap's pages have no
+ * free blocks, so a new thread falls into the slow path, which sets it up.
  * (The secure build asks for room for the canary.) */
 HAK_INLINE void* hak_alloc_inline(size_t size) {
   hak_heap_t* heap = hak_tls_heap;
@@ -561,7 +569,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
     return hak_alloc_slow(heap, size);
   }
   hak_block_t* b = page->free;
-  if (likely(b != NULL)) {
+  if (likely(b != NULL && (heap->prof_left -= (int64_t)size) >= 0)) {
     page->free = hak_block_next(b);
     page->used++;
     hak_block_out(page, b);
@@ -685,6 +693,45 @@ void hak_huge_free(hak_segment_t* seg);
 bool hak_huge_cache_flush(void);
 size_t hak_huge_usable(hak_segment_t* seg, const void* p);
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
+
+/* prof.c: the sampling heap profiler. */
+extern _Atomic size_t hak_prof_live; /* samples live now */
+extern __thread bool hak_prof_busy __attribute__((tls_model("initial-exec")));
+void hak_prof_arm(hak_heap_t* heap);
+void* hak_prof_alloc(hak_heap_t* heap, size_t size);
+void hak_prof_huge(void* p, size_t size);
+void hak_prof_forget(const void* p);
+void hak_prof_moved(const void* from, const void* to, size_t size);
+void hak_prof_lock(void);
+void hak_prof_unlock(void);
+void hak_prof_at_exit(void);
+/* Counts size down on a thread heap's countdown, unless the fast path did
+ * (it leaves the countdown below zero when it finds a sample due); true if
+ * a sample is due. */
+HAK_INLINE bool hak_prof_due(hak_heap_t* heap, size_t size) {
+  if (heap->prof_left >= 0) heap->prof_left -= size > HAK_SIZE_LIMIT ? 0 : (int64_t)size;
+  return heap->prof_left < 0;
+}
+/* Whether a block's forget is needed: only while samples live. */
+HAK_INLINE bool hak_prof_has_samples(void) {
+  return atomic_load_explicit(&hak_prof_live, memory_order_relaxed) != 0;
+}
+/* Marks the page of a block handed out at an inner address (aligned or
+ * sampled), so that its free finds the start. */
+HAK_INLINE void hak_page_mark_inner(void* p) {
+  hak_page_t* page = hak_page_of(hak_segment_of(p), p);
+  __atomic_store_n(&page->has_aligned, 1, __ATOMIC_RELAXED);
+}
+
+/* Marks the page of a sampled large block: its div_magic of 0 (which large
+ * pages otherwise never have) sends the block's free to the slow path. */
+HAK_INLINE void hak_page_mark_sampled(void* p) {
+  hak_page_t* page = hak_page_of(hak_segment_of(p), p);
+  __atomic_store_n(&page->div_magic, 0, __ATOMIC_RELAXED);
+}
+HAK_INLINE bool hak_page_is_sampled(const hak_page_t* page) {
+  return page->cls == HAK_CLASS_LARGE && __atomic_load_n(&page->div_magic, __ATOMIC_RELAXED) == 0;
+}
 
 /* alloc.c: the whole family, behind the public names. */
 void* hak_alloc_aligned(size_t align, size_t size);

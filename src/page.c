@@ -220,7 +220,8 @@ bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
   link_units(seg, idx, n, want);
   page->units = (uint8_t)want;
   page->block_size = (uint32_t)want << HAK_UNIT_SHIFT;
-  __atomic_store_n(&page->div_magic, hak_div_magic(page->block_size), __ATOMIC_RELAXED);
+  if (!hak_page_is_sampled(page)) /* (a sampled block's page keeps its mark) */
+    __atomic_store_n(&page->div_magic, hak_div_magic(page->block_size), __ATOMIC_RELAXED);
   return true;
 }
 

@@ -43,6 +43,7 @@ static const char* const purge_names[] = {"dontneed", "free", NULL};
 static const char* const thp_names[] = {"system", "on", "off", NULL};
 static const char* const bool_names[] = {"off", "on", NULL};
 static const char* const stats_names[] = {"off", "on", "json", NULL};
+static const char* const prof_names[] = {"off", "on", "file", NULL};
 
 static const hak_option_t options[] = {
     {"PURGE_DELAY_MS", FIELD(purge_delay_ms), 100, -1, 3600000, NULL,
@@ -61,6 +62,14 @@ static const hak_option_t options[] = {
     {"LEARN", FIELD(learn), 0, 0, 1, bool_names,
      "the learner: moves the purge delay between 10 and 1000 ms, from how much memory it gives back "
      "unused against how much is faulted in again soon after (needs a delay above 0)", NULL},
+    {"PROF", FIELD(prof), HAK_PROF_OFF, 0, 2, prof_names,
+     "the sampling heap profiler: on (the live heap's profile into hakmem.PID.heap in the working "
+     "directory at exit, by a process that took samples), file:PATH (into PATH; %p: the process id); "
+     "read it with `hakmem prof` or pprof", hak_prof_path},
+    {"PROF_RATE", FIELD(prof_rate), 524288, 1, 1073741824, NULL,
+     "the profiler's mean gap between samples, in bytes allocated: smaller is more precise and slower", NULL},
+    {"PROF_SIGNAL", FIELD(prof_signal), 0, 0, 64, NULL,
+     "a signal on which the profiler also writes its profile (for example 12, SIGUSR2); 0: none", NULL},
 };
 #define OPTION_COUNT (sizeof options / sizeof options[0])
 
