@@ -4,7 +4,7 @@
 CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 JOBS ?= 2
 
-.PHONY: all release debug observe secure ubsan tsan clang test test-release test-debug test-observe test-secure test-ubsan test-tsan test-clang deps clean
+.PHONY: all release debug observe secure ubsan tsan clang install test test-release test-debug test-observe test-secure test-ubsan test-tsan test-clang deps clean
 
 all: release
 
@@ -43,6 +43,14 @@ tsan:
 clang:
 	cmake -S . -B build-clang $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 	cmake --build build-clang -j $(JOBS)
+
+# make install [PREFIX=/usr/local] [DESTDIR=staging dir]: the release build's
+# libraries (libhakmem.so with its soname links, libhakmem.a,
+# libhakmem-secure.so), include/hakmem.h, hakmem.pc, the CMake package and the
+# hakmem command (README.md, "Install").
+PREFIX ?= /usr/local
+install: release
+	DESTDIR="$(DESTDIR)" cmake --install build --prefix "$(PREFIX)"
 
 deps:
 	bash scripts/install-deps.sh test
