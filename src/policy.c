@@ -146,13 +146,14 @@ static int32_t option_value(const hak_policy_t* policy, const hak_option_t* opt)
 /* HAKMEM_VERBOSE: the version, then one line per option, in a stable format
  * that tools/hakmem (`hakmem config`) reads: the value first, then fields
  * separated by tabs,
- *   hakmem: version=MAJOR.MINOR build=release[+secure][+debug][+observe]
+ *   hakmem: version=MAJOR.MINOR build=release, or secure, debug, observe joined by +
  *   hakmem: HAKMEM_<NAME>=<value>\tdefault=<default>\tvalues=<values>\tfrom=environment|default\tmeaning=<text>
  * (from=environment: the caller's environment set it to a valid value). */
 static void print_policy(const hak_policy_t* policy, const bool* from_env) {
   char buf[768], value[300], def[32], range[96];
-  snprintf(buf, sizeof buf, "hakmem: version=%d.%d build=release%s%s%s\n", HAKMEM_VERSION_MAJOR,
-           HAKMEM_VERSION_MINOR, HAK_BUILD_SECURE, HAK_BUILD_DEBUG, HAK_BUILD_OBSERVE);
+  const char* build = HAK_BUILD_SECURE HAK_BUILD_DEBUG HAK_BUILD_OBSERVE;
+  snprintf(buf, sizeof buf, "hakmem: version=%d.%d build=%s\n", HAKMEM_VERSION_MAJOR, HAKMEM_VERSION_MINOR,
+           build[0] ? build + 1 : "release");
   hak_write_stderr(buf);
   for (size_t i = 0; i < OPTION_COUNT; i++) {
     const hak_option_t* opt = &options[i];
