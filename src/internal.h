@@ -782,6 +782,8 @@ struct hak_usage_s {
   size_t huge_bytes;      /* bytes mapped for them */
   size_t class_pages[HAK_STAT_CLASSES]; /* pages of each class (and of large blocks) */
   size_t class_live[HAK_STAT_CLASSES];  /* blocks of each handed out */
+  size_t class_free[HAK_STAT_CLASSES];  /* blocks that fit in those pages and are not handed out */
+  size_t class_free_bytes[HAK_STAT_CLASSES]; /* their bytes */
 };
 void hak_usage_get(hak_usage_t* usage);
 bool hak_trim(void);

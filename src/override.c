@@ -98,6 +98,81 @@ HAK_API struct mallinfo mallinfo(void) {
 
 /* To stderr, like glibc's: the report HAKMEM_STATS prints at exit. */
 HAK_API void malloc_stats(void) { hak_stats_report_fd(2); }
+
+/* glibc's XML report, with hakmem's figures (docs/CONFIG.md, "glibc's mallopt
+ * and malloc_info"): one heap, the segments of every thread; a <size> per
+ * class holding pages, its free blocks as glibc counts free chunks (total,
+ * count) and hakmem's blocks handed out (live); fast = free blocks of the
+ * classes up to 1 KiB, rest = those of the larger classes and the segments'
+ * free 64 KiB units; mmap = the huge blocks; system = committed bytes;
+ * aspace = address space mapped.  The figures are gathered first, under the
+ * locks of hak_usage_get and hak_stats_get, and printed after: fprintf may
+ * allocate, through hakmem, and no hakmem lock is held then. */
+HAK_API int malloc_info(int options, FILE* fp) {
+  if (options != 0 || fp == NULL) {
+    errno = EINVAL;
+    return -1;
+  }
+  hak_usage_t u;
+  hak_stats_t st;
+  hak_usage_get(&u);
+  hak_stats_get(&st);
+  size_t fast = 0, fast_bytes = 0, rest = 0, rest_bytes = 0;
+  for (unsigned k = 0; k < HAK_STAT_CLASSES; k++) {
+    bool small = k < HAK_CLASSES && hak_class_size[k] <= HAK_SMALL_MAX;
+    *(small ? &fast : &rest) += u.class_free[k];
+    *(small ? &fast_bytes : &rest_bytes) += u.class_free_bytes[k];
+  }
+  rest += u.free_unit_bytes >> HAK_UNIT_SHIFT;
+  rest_bytes += u.free_unit_bytes;
+  /* The segments' share of what is committed: the rest is the huge blocks'. */
+  size_t huge_committed = st.huge_live_bytes + hak_huge_cached_bytes();
+  size_t seg_committed = st.committed_bytes > huge_committed ? st.committed_bytes - huge_committed : 0;
+  size_t seg_space = (u.segments + u.cached_segments) * HAK_SEG_SIZE;
+
+  fprintf(fp, "<malloc version=\"1\">\n<heap nr=\"0\">\n<sizes>\n");
+  for (unsigned k = 0; k < HAK_STAT_CLASSES; k++) {
+    if (u.class_pages[k] == 0) continue;
+    size_t from = k == 0 ? 1 : hak_class_size[k - 1] + 1;
+    size_t to = k < HAK_CLASSES ? hak_class_size[k] : HAK_LARGE_MAX;
+    fprintf(fp, "  <size from=\"%zu\" to=\"%zu\" total=\"%zu\" count=\"%zu\" live=\"%zu\" pages=\"%zu\"/>\n",
+            from, to, u.class_free_bytes[k], u.class_free[k], u.class_live[k], u.class_pages[k]);
+  }
+  fprintf(fp, "</sizes>\n");
+  fprintf(fp, "<total type=\"fast\" count=\"%zu\" size=\"%zu\"/>\n", fast, fast_bytes);
+  fprintf(fp, "<total type=\"rest\" count=\"%zu\" size=\"%zu\"/>\n", rest, rest_bytes);
+  fprintf(fp, "<system type=\"current\" size=\"%zu\"/>\n", seg_committed);
+  fprintf(fp, "<system type=\"max\" size=\"%zu\"/>\n", st.peak_committed_bytes);
+  fprintf(fp, "<aspace type=\"total\" size=\"%zu\"/>\n", seg_space);
+  fprintf(fp, "<aspace type=\"mprotect\" size=\"%zu\"/>\n", seg_space);
+  fprintf(fp, "</heap>\n");
+  fprintf(fp, "<total type=\"fast\" count=\"%zu\" size=\"%zu\"/>\n", fast, fast_bytes);
+  fprintf(fp, "<total type=\"rest\" count=\"%zu\" size=\"%zu\"/>\n", rest, rest_bytes);
+  fprintf(fp, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n", st.huge_live, st.huge_live_bytes);
+  fprintf(fp, "<system type=\"current\" size=\"%zu\"/>\n", st.committed_bytes);
+  fprintf(fp, "<system type=\"max\" size=\"%zu\"/>\n", st.peak_committed_bytes);
+  fprintf(fp, "<aspace type=\"total\" size=\"%zu\"/>\n", st.reserved_bytes);
+  fprintf(fp, "<aspace type=\"mprotect\" size=\"%zu\"/>\n", st.reserved_bytes);
+  fprintf(fp, "</malloc>\n");
+  return 0;
+}
+
+/* glibc's tuning calls: accepted and ignored (docs/CONFIG.md says why each
+ * has no counterpart; hakmem's own options are set with hak_option_set).
+ * M_MXFAST keeps glibc's range (0 to 80 * sizeof(size_t) / 4 bytes);
+ * an unknown parameter gets 0. */
+HAK_API int mallopt(int param, int value) {
+  switch (param) {
+    case M_MXFAST:
+      return value >= 0 && (size_t)value <= 80 * sizeof(size_t) / 4;
+    case M_NLBLKS: case M_GRAIN: case M_KEEP:
+    case M_TRIM_THRESHOLD: case M_TOP_PAD: case M_MMAP_THRESHOLD: case M_MMAP_MAX:
+    case M_CHECK_ACTION: case M_PERTURB: case M_ARENA_TEST: case M_ARENA_MAX:
+      return 1;
+    default:
+      return 0;
+  }
+}
 HAK_API void free_sized(void* p, size_t size) { hak_free_inline(p); }
 HAK_API void free_aligned_sized(void* p, size_t align, size_t size) { hak_free_inline(p); }
 HAK_API void cfree(void* p) { hak_free_inline(p); }

@@ -103,12 +103,29 @@ static bool option_parse(const hak_option_t* opt, const char* value, int32_t* ou
   return true;
 }
 
-/* An option's value as it is written: its name if it has names. */
+/* An option's value as it is written: its name if it has names (NAME:PATH
+ * for the last one when a path was given). */
 static void format_value(const hak_option_t* opt, int32_t v, char* out, size_t cap) {
-  if (opt->names != NULL)
-    snprintf(out, cap, "%s", opt->names[v - opt->min]);
-  else
+  if (opt->names == NULL)
     snprintf(out, cap, "%d", (int)v);
+  else if (opt->path != NULL && opt->path[0] != '\0' && opt->names[v - opt->min + 1] == NULL)
+    snprintf(out, cap, "%s:%s", opt->names[v - opt->min], opt->path);
+  else
+    snprintf(out, cap, "%s", opt->names[v - opt->min]);
+}
+
+/* The values an option takes, as docs/CONFIG.md writes them: "a, b, c:PATH"
+ * or "min to max". */
+static void format_range(const hak_option_t* opt, char* out, size_t cap) {
+  if (opt->names == NULL) {
+    snprintf(out, cap, "%d to %d", (int)opt->min, (int)opt->max);
+    return;
+  }
+  size_t len = 0;
+  out[0] = '\0';
+  for (int k = 0; opt->names[k] != NULL && len < cap - 16; k++)
+    len += (size_t)snprintf(out + len, cap - len, "%s%s%s", k ? ", " : "", opt->names[k],
+                            opt->path != NULL && opt->names[k + 1] == NULL ? ":PATH" : "");
 }
 
 static int32_t* option_field(hak_policy_t* policy, const hak_option_t* opt) {
@@ -119,11 +136,41 @@ static int32_t option_value(const hak_policy_t* policy, const hak_option_t* opt)
   return __atomic_load_n((const int32_t*)((const char*)policy + opt->offset), __ATOMIC_RELAXED);
 }
 
-static void print_policy(const hak_policy_t* policy) {
-  char buf[256], value[32];
+#if HAK_SECURE
+#define HAK_BUILD_SECURE "+secure"
+#else
+#define HAK_BUILD_SECURE ""
+#endif
+#if HAK_DEBUG
+#define HAK_BUILD_DEBUG "+debug"
+#else
+#define HAK_BUILD_DEBUG ""
+#endif
+#if HAK_OBSERVE
+#define HAK_BUILD_OBSERVE "+observe"
+#else
+#define HAK_BUILD_OBSERVE ""
+#endif
+
+/* HAKMEM_VERBOSE: the version, then one line per option, in a stable format
+ * that tools/hakmem (`hakmem config`) reads: the value first, then fields
+ * separated by tabs,
+ *   hakmem: version=MAJOR.MINOR build=release, or secure, debug, observe joined by +
+ *   hakmem: HAKMEM_<NAME>=<value>\tdefault=<default>\tvalues=<values>\tfrom=environment|default\tmeaning=<text>
+ * (from=environment: the caller's environment set it to a valid value). */
+static void print_policy(const hak_policy_t* policy, const bool* from_env) {
+  char buf[768], value[300], def[32], range[96];
+  const char* build = HAK_BUILD_SECURE HAK_BUILD_DEBUG HAK_BUILD_OBSERVE;
+  snprintf(buf, sizeof buf, "hakmem: version=%d.%d build=%s\n", HAKMEM_VERSION_MAJOR, HAKMEM_VERSION_MINOR,
+           build[0] ? build + 1 : "release");
+  hak_write_stderr(buf);
   for (size_t i = 0; i < OPTION_COUNT; i++) {
-    format_value(&options[i], option_value(policy, &options[i]), value, sizeof value);
-    snprintf(buf, sizeof buf, "hakmem: HAKMEM_%s=%s\n", options[i].name, value);
+    const hak_option_t* opt = &options[i];
+    format_value(opt, option_value(policy, opt), value, sizeof value);
+    format_value(opt, opt->def, def, sizeof def);
+    format_range(opt, range, sizeof range);
+    snprintf(buf, sizeof buf, "hakmem: HAKMEM_%s=%s\tdefault=%s\tvalues=%s\tfrom=%s\tmeaning=%s\n", opt->name,
+             value, def, range, from_env[i] ? "environment" : "default", opt->description);
     hak_write_stderr(buf);
   }
 }
@@ -134,14 +181,7 @@ void hak_policy_print_table(int fd) {
   for (size_t i = 0; i < OPTION_COUNT; i++) {
     const hak_option_t* opt = &options[i];
     format_value(opt, opt->def, def, sizeof def);
-    if (opt->names != NULL) {
-      size_t len = 0;
-      for (int k = 0; opt->names[k] != NULL && len < sizeof range - 16; k++)
-        len += (size_t)snprintf(range + len, sizeof range - len, "%s%s%s", k ? ", " : "", opt->names[k],
-                                opt->path != NULL && opt->names[k + 1] == NULL ? ":PATH" : "");
-    } else {
-      snprintf(range, sizeof range, "%d to %d", (int)opt->min, (int)opt->max);
-    }
+    format_range(opt, range, sizeof range);
     snprintf(buf, sizeof buf, "| `HAKMEM_%s` | `%s` | %s | %s |\n", opt->name, def, range, opt->description);
     hak_write_fd(fd, buf);
   }
@@ -179,6 +219,7 @@ void hak_policy_publish_delay(int32_t delay_ms) { publish(FIELD(purge_delay_ms),
 
 void hak_policy_init(void) {
   hak_policy_t* policy = &snapshots[0];
+  bool from_env[OPTION_COUNT] = {false};
   for (size_t i = 0; i < OPTION_COUNT; i++) *option_field(policy, &options[i]) = options[i].def;
   for (char** env = environ; env != NULL && *env != NULL; env++) {
     const char* var = *env;
@@ -191,11 +232,13 @@ void hak_policy_init(void) {
       warn("unknown option", var);
     else if (!option_parse(opt, eq + 1, &v))
       warn("invalid value", var);
-    else
+    else {
       *option_field(policy, opt) = v;
+      from_env[opt - options] = true;
+    }
   }
   atomic_store_explicit(&hak_policy_now, policy, memory_order_release);
-  if (policy->verbose) print_policy(policy);
+  if (policy->verbose) print_policy(policy, from_env);
 }
 
 HAK_API int hak_option_get(const char* name, long* value) {

@@ -221,12 +221,18 @@ void hak_segments_usage(hak_usage_t* usage) {
         continue;
       }
       size_t used = __atomic_load_n(&page->used, __ATOMIC_RELAXED);
+      size_t fit = __atomic_load_n(&page->reserved, __ATOMIC_RELAXED);
+      size_t block = __atomic_load_n(&page->block_size, __ATOMIC_RELAXED);
       uint8_t cls = __atomic_load_n(&page->cls, __ATOMIC_RELAXED);
       unsigned k = cls < HAK_CLASSES ? cls : HAK_CLASSES;
       usage->pages++;
       usage->class_pages[k]++;
       usage->class_live[k] += used;
-      usage->in_use_bytes += used * __atomic_load_n(&page->block_size, __ATOMIC_RELAXED);
+      usage->in_use_bytes += used * block;
+      if (fit > used) {
+        usage->class_free[k] += fit - used;
+        usage->class_free_bytes[k] += (fit - used) * block;
+      }
       u += units;
     }
   }

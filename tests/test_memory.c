@@ -351,7 +351,15 @@ static void test_option_warnings(void) {
   CHECK(strstr(out, "hakmem:") == NULL);
   run_self("HAKMEM_PURGE_DELAY_MS=-2", "HAKMEM_VERBOSE=1", out, sizeof out);
   CHECK(strstr(out, "invalid value: HAKMEM_PURGE_DELAY_MS=-2") != NULL);
-  CHECK(strstr(out, "hakmem: HAKMEM_PURGE_DELAY_MS=100\n") != NULL); /* VERBOSE's listing */
+  /* VERBOSE's listing (tools/hakmem config reads it): the version, then each
+   * option's value, default, values, where it came from and its meaning. */
+  CHECK(strstr(out, "hakmem: version=") != NULL);
+  CHECK(strstr(out, "hakmem: HAKMEM_PURGE_DELAY_MS=100\tdefault=100\tvalues=-1 to 3600000\tfrom=default\t"
+                    "meaning=milliseconds ") != NULL);
+  CHECK(strstr(out, "hakmem: HAKMEM_VERBOSE=on\tdefault=off\tvalues=off, on\tfrom=environment\t") != NULL);
+  run_self("HAKMEM_STATS=json:/nonexistent/s.json", "HAKMEM_VERBOSE=on", out, sizeof out);
+  CHECK(strstr(out, "hakmem: HAKMEM_STATS=json:/nonexistent/s.json\tdefault=off\tvalues=off, on, json:PATH\t"
+                    "from=environment\t") != NULL);
 }
 
 int main(int argc, char** argv) {
