@@ -22,9 +22,11 @@
  * here, never in blocks of the heap.  The profile is written at exit, on
  * HAKMEM_PROF_SIGNAL, or by hak_prof_write, in the text format of
  * gperftools' heap profiles (heap_v2), which pprof and `hakmem prof` read. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
@@ -264,11 +266,27 @@ static void install_signal(void) {
   sigaction(sig, &sa, NULL);
 }
 
+/* The stack unwinder: libunwind's unw_backtrace where the system has it
+ * (about 20 ns a frame, against 0.5 µs for glibc's backtrace, which walks
+ * libgcc's unwind tables anew each time), else glibc's.  Looked up once, at
+ * the first sample, so that hakmem needs neither at link time. */
+typedef int (*prof_unwind_fn)(void** frames, int max);
+static prof_unwind_fn prof_unwind = backtrace;
+static pthread_once_t unwind_once = PTHREAD_ONCE_INIT;
+
+static void unwind_choose(void) {
+  void* lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) return;
+  void* fn = dlsym(lib, "unw_backtrace");
+  if (fn != NULL) prof_unwind = (prof_unwind_fn)fn;
+}
+
 /* Records block p of size bytes with the call stack that made it. */
 static HAK_NOINLINE void prof_record(const void* p, size_t size) {
   hak_prof_busy = true; /* the unwinder's own first allocations are not sampled */
+  pthread_once(&unwind_once, unwind_choose);
   void* frames[PROF_MAX_FRAMES];
-  int depth = backtrace(frames, PROF_MAX_FRAMES);
+  int depth = prof_unwind(frames, PROF_MAX_FRAMES);
   if (depth > 1) {
     hak_prof_lock();
     if (!signal_installed) install_signal();
