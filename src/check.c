@@ -60,14 +60,23 @@ void hak_heap_check(hak_heap_t* heap) {
     CHECK(q->last == prev, "class queue's last");
     if (hak_class_size[c] <= HAK_SMALL_MAX)
       CHECK(heap->direct[hak_class_size[c] / 16] == heap->current[c], "direct table");
+    const hak_page_t* spare = heap->spare[c];
+    if (spare != NULL) {
+      CHECK(spare->cls == c && spare->used == 0 && spare->reserved <= HAK_SPARE_BLOCKS_MAX, "spare page");
+      CHECK(spare->next == NULL && spare->prev == NULL && spare != q->first, "spare page in a queue");
+      check_page(heap, spare);
+    }
   }
-  size_t units = 0;
+  size_t units = 0, large_units = 0;
   const hak_page_t* prev = NULL;
   for (const hak_page_t* page = heap->empty.first; page != NULL; prev = page, page = page->next) {
     CHECK(page->prev == prev && page->used == 0, "empty pages");
     units += page->units;
+    if (page->cls == HAK_CLASS_LARGE) large_units += page->units;
   }
   CHECK(heap->empty.last == prev && units == heap->empty_units, "empty pages' units");
+  CHECK(large_units == heap->empty_large_units && large_units <= HAK_EMPTY_LARGE_UNITS_KEEP,
+        "empty large pages' units");
   size_t dirty = 0;
   check_segments(heap, heap->segments, false, &dirty);
   check_segments(heap, heap->full_segments, true, &dirty);

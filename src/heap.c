@@ -62,6 +62,14 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
   hak_page_queue_t* q = &heap->queue[cls];
   hak_page_t* page = q->first;
+  if (page != NULL && page->free == NULL && page->capacity == page->reserved && page->next != NULL) {
+    /* The current page ran out and others follow: it goes to the back as it
+     * is, so that its frees stay on the fast path until the queue comes round
+     * to it again; only a page found without a free block then leaves it. */
+    hak_queue_remove(q, page);
+    hak_queue_push_back(q, page);
+    page = q->first;
+  }
   while (page != NULL) {
     if (page->free != NULL) break;
     if (page->capacity < page->reserved) {
@@ -78,8 +86,10 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   }
   if (page == NULL) {
     hak_heap_set_current(heap, cls); /* its pages are all out of the queue now */
-    page = hak_page_new(heap, cls, 0);
-    if (page == NULL) {
+    page = heap->spare[cls];
+    if (page != NULL) {
+      heap->spare[cls] = NULL; /* ready as it is */
+    } else if ((page = hak_page_new(heap, cls, 0)) == NULL) {
       errno = ENOMEM;
       return NULL;
     }
@@ -151,20 +161,33 @@ void* hak_alloc_on_dead_thread(size_t size) {
 
 /* A page became empty.  The current page of its class stays, so that a class
  * that allocates and frees one block at a time does not fetch and retire a
- * page each time; others join the heap's empty pages (newest first), whose
- * oldest give their units back beyond HAK_EMPTY_UNITS_KEEP, and each once it
+ * page each time; a class whose pages hold few blocks (HAK_SPARE_BLOCKS_MAX)
+ * keeps one more as its spare, out of the queue, for its next refill: such
+ * pages fill and empty all the time, and one made anew, or formatted from
+ * another class's, touches other OS pages of its units than the blocks of the
+ * old one did.  Others join the heap's empty pages (newest first), whose
+ * oldest give their units back beyond HAK_EMPTY_UNITS_KEEP (the oldest large
+ * blocks' pages beyond HAK_EMPTY_LARGE_UNITS_KEEP of them), and each once it
  * has not been reused for the purge delay. */
 static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
-  if (page->cls != HAK_CLASS_LARGE) hak_queue_remove(&heap->queue[page->cls], page);
+  if (page->cls != HAK_CLASS_LARGE) {
+    hak_queue_remove(&heap->queue[page->cls], page);
+    if (page->reserved <= HAK_SPARE_BLOCKS_MAX && heap->spare[page->cls] == NULL) {
+      heap->spare[page->cls] = page;
+      return;
+    }
+  }
   uint32_t now = hak_now_ms();
   hak_heap_purge_by(heap, now + (uint32_t)HAK_POLICY(purge_delay_ms));
   hak_page_mark_emptied(page, now);
   hak_queue_push_front(&heap->empty, page);
   heap->empty_units += page->units;
-  while (heap->empty_units > HAK_EMPTY_UNITS_KEEP) {
+  if (page->cls == HAK_CLASS_LARGE) heap->empty_large_units += page->units;
+  while (heap->empty_units > HAK_EMPTY_UNITS_KEEP || heap->empty_large_units > HAK_EMPTY_LARGE_UNITS_KEEP) {
     hak_page_t* oldest = heap->empty.last;
-    hak_queue_remove(&heap->empty, oldest);
-    heap->empty_units -= oldest->units;
+    if (heap->empty_units <= HAK_EMPTY_UNITS_KEEP) /* too many large ones: the oldest of those */
+      while (oldest->cls != HAK_CLASS_LARGE) oldest = oldest->prev;
+    hak_heap_empty_remove(heap, oldest);
     hak_page_retire(heap, oldest);
   }
   hak_heap_purge_if_due(heap, now);
@@ -183,14 +206,18 @@ void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
   heap_keep_empty(heap, page);
 }
 
-/* Gives the units of every kept empty page back to their segments. */
+/* Gives the units of every kept empty page (spares too) back to their segments. */
 void hak_heap_flush_empty(hak_heap_t* heap) {
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    if (heap->spare[c] == NULL) continue;
+    hak_page_retire(heap, heap->spare[c]);
+    heap->spare[c] = NULL;
+  }
   while (heap->empty.first != NULL) {
     hak_page_t* page = heap->empty.first;
-    hak_queue_remove(&heap->empty, page);
+    hak_heap_empty_remove(heap, page);
     hak_page_retire(heap, page);
   }
-  heap->empty_units = 0;
 }
 
 /* Frees block b (its start) of a page that heap owns. */

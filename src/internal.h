@@ -68,8 +68,14 @@ void hak_heap_check(struct hak_heap_s* heap);
 #define HAK_SMALL_MAX 1024                         /* sizes served by heap->direct */
 #define HAK_DIRECT_SLOTS (HAK_SMALL_MAX / 16 + 1)  /* one slot per 16 bytes */
 #define HAK_CLASS_LARGE 255                        /* single-block pages */
-/* Empty pages a heap keeps for reuse, in units (1 MiB). */
-#define HAK_EMPTY_UNITS_KEEP 16
+/* Empty pages a heap keeps for reuse, in units (4 MiB), of which at most
+ * 1 MiB in large blocks' pages (4 MiB of those raised the peak RSS of big,
+ * where every page of a block is written, by 1%: docs/BENCHMARKS.md). */
+#define HAK_EMPTY_UNITS_KEEP 64
+#define HAK_EMPTY_LARGE_UNITS_KEEP 16
+/* A class whose pages hold at most this many blocks keeps an emptied page as
+ * its spare (heap.c, heap_keep_empty). */
+#define HAK_SPARE_BLOCKS_MAX 16
 /* Free units a heap keeps backed at most, waiting for the purge delay (16 MiB). */
 #define HAK_DIRTY_UNITS_MAX 256
 /* Free units an exiting thread's heap may keep backed (128 KiB). */
@@ -200,7 +206,9 @@ struct hak_heap_s {
   hak_page_t* current[HAK_CLASSES];     /* class -> current page, never NULL */
   hak_page_queue_t queue[HAK_CLASSES];  /* pages with (possibly) free blocks */
   hak_page_queue_t empty;               /* empty pages kept for reuse, newest first */
+  hak_page_t* spare[HAK_CLASSES];       /* an empty page kept for the class's next refill */
   size_t empty_units;                   /* units they hold */
+  size_t empty_large_units;             /* of those, in large blocks' pages */
   size_t dirty_units;                   /* free units of its segments not yet purged */
   uint32_t purge_due_ms;                /* when the oldest of them or of the empty pages is due */
   hak_segment_t* segments;              /* segments with free units */
@@ -412,6 +420,13 @@ HAK_INLINE void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page) {
   if (page->prev) page->prev->next = page->next; else q->first = page->next;
   if (page->next) page->next->prev = page->prev; else q->last = page->prev;
   page->next = page->prev = NULL;
+}
+
+/* Takes page off the heap's empty pages. */
+HAK_INLINE void hak_heap_empty_remove(hak_heap_t* heap, hak_page_t* page) {
+  hak_queue_remove(&heap->empty, page);
+  heap->empty_units -= page->units;
+  if (page->cls == HAK_CLASS_LARGE) heap->empty_large_units -= page->units;
 }
 
 /* The class's current page is the first of its queue; the direct slots of

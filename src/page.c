@@ -98,8 +98,7 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
     if (same_size == NULL) same_size = page;
   }
   if (same_size == NULL) return NULL;
-  hak_queue_remove(&heap->empty, same_size);
-  heap->empty_units -= n;
+  hak_heap_empty_remove(heap, same_size);
   if (same_size->cls != cls || cls == HAK_CLASS_LARGE) page_format(same_size, cls);
   return same_size;
 }
@@ -312,8 +311,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
       if (delay >= 0) due = emptied + (uint32_t)delay;
       break;
     }
-    hak_queue_remove(&heap->empty, page);
-    heap->empty_units -= page->units;
+    hak_heap_empty_remove(heap, page);
     page_release(heap, page, emptied);
   }
   size_t idle = 0;
