@@ -72,9 +72,11 @@ def all_allocators(hakmem_lib=None):
         Allocator("hakmem-secure", os.path.join(os.path.dirname(os.path.abspath(hakmem_lib)),
                                                 "libhakmem-secure.so"),
                   "libhakmem-secure", "libhakmem-secure", "run `make secure`", optional=True),
-        # The sampling heap profiler on at its default rate, for its cost.
-        Allocator("hakmem-prof", os.path.abspath(hakmem_lib), "libhakmem", "libhakmem", "",
-                  optional=True, extra_env={"HAKMEM_PROF": "file:/dev/null"}),
+        # The profiling library with the profiler on at its default rate, for its cost.
+        Allocator("hakmem-prof", os.path.join(os.path.dirname(os.path.abspath(hakmem_lib)),
+                                              "libhakmem-prof.so"),
+                  "libhakmem-prof", "libhakmem-prof", "run `make`", optional=True,
+                  extra_env={"HAKMEM_PROF": "file:/dev/null"}),
         # Another build of hakmem (HAKMEM_REF_LIB=path), to compare two builds side by side.
         Allocator("hakmem-ref", os.path.abspath(os.environ.get("HAKMEM_REF_LIB", "/nonexistent")),
                   "libhakmem", "libhakmem", "set HAKMEM_REF_LIB to a libhakmem.so", optional=True),

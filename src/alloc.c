@@ -17,7 +17,7 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
   }
   if (total > HAK_LARGE_MAX) { /* fresh mappings are zero */
     void* p = hak_huge_alloc(total, 0, true);
-    if (p != NULL) hak_prof_huge(p, total);
+    if (HAK_PROF && p != NULL) hak_prof_huge(p, total);
     HAK_VG_ALLOC(p, 1);
     return p;
   }

@@ -142,7 +142,7 @@ static void* alloc_slow(hak_heap_t* heap, size_t size) {
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
   void* p;
-  if (heap->kind >= HAK_HEAP_THREAD && unlikely(hak_prof_due(heap, size)))
+  if (HAK_PROF && heap->kind >= HAK_HEAP_THREAD && unlikely(hak_prof_due(heap, size)))
     p = hak_prof_alloc(heap, size);
   else
     p = alloc_slow(heap, size);
@@ -343,7 +343,7 @@ hak_heap_t* hak_thread_heap_init(void) {
   heap->pool_next = NULL;
   heap->kind = HAK_HEAP_THREAD;
   heap->tid = hak_thread_id();
-  hak_prof_arm(heap);
+  if (HAK_PROF) hak_prof_arm(heap);
   hak_segments_set_owner(heap);
   heap_reset_current(heap);
   hak_tls_heap = heap;

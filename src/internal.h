@@ -32,6 +32,9 @@
 #ifndef HAK_VALGRIND
 #define HAK_VALGRIND 0 /* 1 in the debug build: blocks annotated for memcheck (below) */
 #endif
+#ifndef HAK_PROF
+#define HAK_PROF 0 /* 1 in the profiling library (libhakmem-prof.so): the heap profiler's countdown */
+#endif
 
 #if HAK_DEBUG
 void hak_assert_fail(const char* expr, const char* file, int line);
@@ -565,10 +568,16 @@ HAK_COLD void hak_free_special(void* p);
 
 /* ---- the fast paths ------------------------------------------------------ */
 
-/* malloc: size -> current page -> pop, and count the bytes down to the
- * profiler's next sample (prof.c).  The empty sentinel heap's pages have no
- * free blocks, so a new thread falls into the slow path, which sets it up.
- * (The secure build asks for room for the canary.) */
+/* malloc: size -> current page -> pop (and in the profiling library, count
+ * the bytes down to the profiler's next sample: prof.c).  The empty
+ * sentinel heap's pages have no free blocks, so a new thread falls into the
+ * slow path, which sets it up.  (The secure build asks for room for the
+ * canary.) */
+#if HAK_PROF
+#define HAK_PROF_COUNTDOWN(heap, size) (((heap)->prof_left -= (int64_t)(size)) >= 0)
+#else
+#define HAK_PROF_COUNTDOWN(heap, size) true
+#endif
 HAK_INLINE void* hak_alloc_inline(size_t size) {
   hak_heap_t* heap = hak_tls_heap;
   hak_page_t* page;
@@ -584,7 +593,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
     return hak_alloc_slow(heap, size);
   }
   hak_block_t* b = page->free;
-  if (likely(b != NULL && (heap->prof_left -= (int64_t)size) >= 0)) {
+  if (likely(b != NULL && HAK_PROF_COUNTDOWN(heap, size))) {
     page->free = hak_block_next(b);
     page->used++;
     hak_block_out(page, b);

@@ -237,6 +237,11 @@ void hak_policy_init(void) {
       from_env[opt - options] = true;
     }
   }
+  if (!HAK_PROF && policy->prof != HAK_PROF_OFF) {
+    hak_write_stderr("hakmem: HAKMEM_PROF needs the profiling library, libhakmem-prof.so "
+                     "(hakmem run --prof): off\n");
+    policy->prof = HAK_PROF_OFF;
+  }
   atomic_store_explicit(&hak_policy_now, policy, memory_order_release);
   if (policy->verbose) print_policy(policy, from_env);
 }
@@ -254,6 +259,7 @@ HAK_API int hak_option_set(const char* name, long value) {
   const hak_option_t* opt = name ? option_find(name, strlen(name)) : NULL;
   if (opt == NULL) return EINVAL;
   if (value < opt->min || value > opt->max) return ERANGE;
+  if (!HAK_PROF && opt->offset == FIELD(prof) && value != HAK_PROF_OFF) return ENOTSUP; /* (libhakmem-prof.so) */
   publish(opt->offset, (int32_t)value);
   return 0;
 }

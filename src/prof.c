@@ -1,4 +1,6 @@
-/* The sampling heap profiler (HAKMEM_PROF).
+/* The sampling heap profiler (HAKMEM_PROF), in the profiling library
+ * (libhakmem-prof.so, HAK_PROF): the other libraries have none of its
+ * fast-path countdown, and refuse the option.
  *
  * Each thread's heap counts down the bytes it hands out (heap->prof_left, one
  * subtraction on the malloc fast path); the allocation that takes it below

@@ -5,13 +5,15 @@ top of its list, with an estimate of the leaked bytes within 20% of what the
 program says it leaked, and must not list the functions whose blocks were
 all freed.  Run at two sampling rates (the estimate's spread grows as
 samples get fewer: about 2.5% and 5% at these rates and this leak of 42 MB,
-so 20% is four standard deviations or more)."""
+so 20% is four standard deviations or more).  Then: `hakmem run --prof`
+writes hakmem.PID.heap in the working directory, and the release library,
+which has no profiler, says so when HAKMEM_PROF is set and writes nothing."""
 import os
 import re
 import subprocess
 import sys
 
-hakmem, program, work = sys.argv[1], sys.argv[2], sys.argv[3]
+hakmem, program, work, release_lib = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 os.makedirs(work, exist_ok=True)
 failed = 0
 
@@ -50,6 +52,21 @@ for rate in (16384, 65536):
           "estimate %d is not within 20%% of %d (%.1f%%)" % (estimate, truth, 100.0 * (estimate - truth) / truth))
     check("churn_function" not in prof.stdout, "churn_function's freed blocks are listed live")
     check("keeper_function" not in prof.stdout, "keeper_function's freed blocks are listed live")
+
+for f in os.listdir(work):
+    if f.endswith(".heap"):
+        os.remove(os.path.join(work, f))
+run = subprocess.run([hakmem, "run", "--prof", "--", program], cwd=work, capture_output=True, text=True, timeout=120)
+written = [f for f in os.listdir(work) if re.match(r"hakmem\.\d+\.heap$", f)]
+check(run.returncode == 0 and len(written) == 1, "hakmem run --prof: exit %d, profiles %s" % (run.returncode, written))
+for f in written:
+    os.remove(os.path.join(work, f))
+
+env = dict(os.environ, LD_PRELOAD=release_lib, HAKMEM_PROF="on")
+run = subprocess.run([program], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+check(run.returncode == 0, "prof_leak on the release library exited %d" % run.returncode)
+check("HAKMEM_PROF needs the profiling library" in run.stderr, "no word from the release library: %r" % run.stderr)
+check(not any(f.endswith(".heap") for f in os.listdir(work)), "the release library wrote a profile")
 
 print("prof leak: %s" % ("FAIL" if failed else "ok"))
 sys.exit(1 if failed else 0)

@@ -35,6 +35,7 @@ static void test_get_set(void) {
   CHECK(hak_option_set("PURGE_DELAY_MS", 3600001) == ERANGE);
   CHECK(hak_option_set("PURGE_DELAY_MS", -2) == ERANGE);
   CHECK(hak_option_set("THP", 3) == ERANGE);
+  CHECK(hak_option_set("PROF", 1) == ENOTSUP); /* the profiler is in libhakmem-prof.so only */
   CHECK(hak_policy() == before); /* nothing published */
   CHECK(hak_option_get("PURGE_DELAY_MS", &w) == 0 && w == v);
 

@@ -3,7 +3,7 @@
  * that its estimate of a leak is within 20% of the truth, that sampled blocks
  * behave as any other (contents, usable size, realloc, alignment), and that
  * the profile is written at exit and on HAKMEM_PROF_SIGNAL.  Through
- * libhakmem.so; the program exports its symbols (-rdynamic) so that dladdr
+ * libhakmem-prof.so, the profiling library; the program exports its symbols (-rdynamic) so that dladdr
  * names the frames. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
