@@ -721,6 +721,7 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
 /* prof.c: the sampling heap profiler. */
 extern _Atomic size_t hak_prof_live; /* samples live now */
 extern __thread bool hak_prof_busy __attribute__((tls_model("initial-exec")));
+void hak_prof_prepare(void);
 void hak_prof_arm(hak_heap_t* heap);
 void* hak_prof_alloc(hak_heap_t* heap, size_t size);
 void hak_prof_huge(void* p, size_t size);

@@ -259,7 +259,10 @@ HAK_API int hak_option_set(const char* name, long value) {
   const hak_option_t* opt = name ? option_find(name, strlen(name)) : NULL;
   if (opt == NULL) return EINVAL;
   if (value < opt->min || value > opt->max) return ERANGE;
-  if (!HAK_PROF && opt->offset == FIELD(prof) && value != HAK_PROF_OFF) return ENOTSUP; /* (libhakmem-prof.so) */
+  if (opt->offset == FIELD(prof) && value != HAK_PROF_OFF) {
+    if (!HAK_PROF) return ENOTSUP; /* (libhakmem-prof.so) */
+    hak_prof_prepare();
+  }
   publish(opt->offset, (int32_t)value);
   return 0;
 }

@@ -270,23 +270,33 @@ static void install_signal(void) {
 
 /* The stack unwinder: libunwind's unw_backtrace where the system has it
  * (about 20 ns a frame, against 0.5 µs for glibc's backtrace, which walks
- * libgcc's unwind tables anew each time), else glibc's.  Looked up once, at
- * the first sample, so that hakmem needs neither at link time. */
+ * libgcc's unwind tables anew each time), else glibc's.  Looked up once,
+ * with dlopen, so that hakmem needs neither at link time, and used once
+ * there (either loads what it needs on first use): when profiling is asked
+ * for at start (hakmem's constructor) or turned on (hak_option_set), not
+ * inside a malloc, where a dlopen could wait for the loader's lock held by a
+ * thread that waits for this one. */
 typedef int (*prof_unwind_fn)(void** frames, int max);
 static prof_unwind_fn prof_unwind = backtrace;
 static pthread_once_t unwind_once = PTHREAD_ONCE_INIT;
 
 static void unwind_choose(void) {
+  bool busy = hak_prof_busy;
+  hak_prof_busy = true;
   void* lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
-  if (lib == NULL) return;
-  void* fn = dlsym(lib, "unw_backtrace");
+  void* fn = lib != NULL ? dlsym(lib, "unw_backtrace") : NULL;
   if (fn != NULL) prof_unwind = (prof_unwind_fn)fn;
+  void* frames[4];
+  (void)prof_unwind(frames, 4);
+  hak_prof_busy = busy;
 }
+
+void hak_prof_prepare(void) { pthread_once(&unwind_once, unwind_choose); }
 
 /* Records block p of size bytes with the call stack that made it. */
 static HAK_NOINLINE void prof_record(const void* p, size_t size) {
-  hak_prof_busy = true; /* the unwinder's own first allocations are not sampled */
-  pthread_once(&unwind_once, unwind_choose);
+  hak_prof_busy = true; /* the unwinder's own allocations are not sampled */
+  hak_prof_prepare();    /* done already, but for a sample before the constructor */
   void* frames[PROF_MAX_FRAMES];
   int depth = prof_unwind(frames, PROF_MAX_FRAMES);
   if (depth > 1) {
@@ -307,10 +317,11 @@ static bool prof_sampling(void) { return HAK_POLICY(prof) != HAK_PROF_OFF && !ha
 void* hak_prof_alloc(hak_heap_t* heap, size_t size) {
   hak_prof_arm(heap);
   if (!prof_sampling() || size > HAK_SIZE_LIMIT) return hak_heap_alloc(heap, size);
-  if (size + PROF_PAD > HAK_CLASS_MAX_SIZE) {
+  if (size > HAK_CLASS_MAX_SIZE) {
     /* A large block keeps its address (realloc grows it in place): its
      * page's div_magic of 0 sends its free to the slow path, as a huge
-     * block's always goes. */
+     * block's always goes.  (A padded class block of the largest sizes
+     * becomes a large block, its free found by its inner address.) */
     void* h = hak_heap_alloc(heap, size);
     if (h == NULL) return NULL;
     if (size <= HAK_LARGE_MAX) hak_page_mark_sampled(h);

@@ -162,6 +162,22 @@ __attribute__((noinline)) size_t huge_function(void) {
   return total;
 }
 
+/* Sizes about the class limit (128 KiB) and the huge threshold (1 MiB),
+ * where a sampled block changes kind; every one is likely sampled. */
+#define EDGES 64
+static void* edge_blocks[EDGES];
+static size_t edge_sizes[EDGES];
+__attribute__((noinline)) void edge_function(void) {
+  static const size_t bases[] = {128 << 10, 1 << 20};
+  for (int i = 0; i < EDGES; i++) {
+    edge_sizes[i] = bases[i % 2] - 24 + (size_t)(i / 2) % 48;
+    edge_blocks[i] = malloc(edge_sizes[i]);
+    REQUIRE(edge_blocks[i] != NULL);
+    CHECK(malloc_usable_size(edge_blocks[i]) >= edge_sizes[i]);
+    hak_pattern_fill(edge_blocks[i], edge_sizes[i], 1000 + (uint64_t)i);
+  }
+}
+
 __attribute__((noinline)) void aligned_function(void) {
   static const size_t aligns[] = {32, 64, 256, 4096};
   for (int i = 0; i < 20000; i++) {
@@ -205,6 +221,11 @@ static void test_on(void) {
   for (int i = 0; i < HANDED; i++) free(handed[i]); /* remote frees of its samples */
   size_t huge_truth = huge_function();
   aligned_function();
+  edge_function();
+  for (int i = 0; i < EDGES; i++) {
+    CHECK(hak_pattern_check(edge_blocks[i], edge_sizes[i], 1000 + (uint64_t)i) == edge_sizes[i]);
+    free(edge_blocks[i]);
+  }
 
   /* Sampled blocks are blocks like the others. */
   for (size_t i = 0; i < LEAKS; i++) {
@@ -241,6 +262,8 @@ static void test_on(void) {
   CHECK(profile_allocs_at(prof, "thread_function") > 3);
   CHECK(profile_live_estimate(prof, "thread_function", &samples) == 0);
   CHECK(profile_allocs_at(prof, "aligned_function") == 0); /* aligned blocks are not sampled */
+  CHECK(profile_allocs_at(prof, "edge_function") > EDGES / 2);
+  CHECK(profile_live_estimate(prof, "edge_function", &samples) == 0);
 
   for (size_t i = 0; i < LEAKS; i++) free(leaked[i]);
   for (int i = 0; i < HUGE_KEPT; i++) free(huge_kept[i]);
