@@ -88,13 +88,17 @@ void hak_prof_lock(void) {
   while (atomic_flag_test_and_set_explicit(&prof_lock, memory_order_acquire)) sched_yield();
 }
 
+/* Writes the profile a signal asked for, if the lock is free; else its
+ * holder does, on unlocking. */
+static void write_pending(void) {
+  if (atomic_flag_test_and_set_explicit(&prof_lock, memory_order_acquire)) return;
+  if (atomic_exchange_explicit(&dump_pending, 0, memory_order_relaxed)) (void)prof_write_now(NULL);
+  atomic_flag_clear_explicit(&prof_lock, memory_order_release);
+}
+
 void hak_prof_unlock(void) {
   atomic_flag_clear_explicit(&prof_lock, memory_order_release);
-  if (unlikely(atomic_load_explicit(&dump_pending, memory_order_relaxed))) {
-    if (atomic_flag_test_and_set_explicit(&prof_lock, memory_order_acquire)) return; /* its holder will */
-    if (atomic_exchange_explicit(&dump_pending, 0, memory_order_relaxed)) (void)prof_write_now(NULL);
-    atomic_flag_clear_explicit(&prof_lock, memory_order_release);
-  }
+  if (unlikely(atomic_load_explicit(&dump_pending, memory_order_relaxed))) write_pending();
 }
 
 /* ---- the gaps between samples ------------------------------------------- */
@@ -247,12 +251,8 @@ static bool sample_remove(const void* p, prof_stack_t** stack, size_t* size) {
 static void prof_signal_handler(int sig) {
   (void)sig;
   int saved = errno;
-  if (!atomic_flag_test_and_set_explicit(&prof_lock, memory_order_acquire)) {
-    (void)prof_write_now(NULL);
-    atomic_flag_clear_explicit(&prof_lock, memory_order_release);
-  } else {
-    atomic_store_explicit(&dump_pending, 1, memory_order_relaxed); /* the holder writes it */
-  }
+  atomic_store_explicit(&dump_pending, 1, memory_order_relaxed);
+  write_pending();
   errno = saved;
 }
 
@@ -401,14 +401,20 @@ static void out_bytes(prof_out_t* o, const char* s, size_t n) {
 
 static void out_str(prof_out_t* o, const char* s) { out_bytes(o, s, strlen(s)); }
 
-static void out_num(prof_out_t* o, uint64_t v, unsigned base) {
-  char tmp[24];
-  int i = sizeof tmp;
+/* v's digits in base, at the end of tmp; returns where they start. */
+static size_t num_digits(uint64_t v, unsigned base, char tmp[24]) {
+  size_t i = 24;
   do {
     tmp[--i] = "0123456789abcdef"[v % base];
     v /= base;
   } while (v != 0);
-  out_bytes(o, tmp + i, sizeof tmp - (size_t)i);
+  return i;
+}
+
+static void out_num(prof_out_t* o, uint64_t v, unsigned base) {
+  char tmp[24];
+  size_t i = num_digits(v, base, tmp);
+  out_bytes(o, tmp + i, 24 - i);
 }
 
 /* "live_count: live_bytes [alloc_count: alloc_bytes]" */
@@ -427,17 +433,11 @@ static void out_counts(prof_out_t* o, size_t lc, size_t lb, size_t ac, size_t ab
  * id (so that the processes of a program each write their own). */
 static void expand_path(const char* template, char* out, size_t cap) {
   char pid[24];
-  int i = sizeof pid - 1;
-  pid[i] = '\0';
-  unsigned long v = (unsigned long)getpid();
-  do {
-    pid[--i] = (char)('0' + v % 10);
-    v /= 10;
-  } while (v != 0 && i > 0);
+  size_t first = num_digits((uint64_t)getpid(), 10, pid);
   size_t n = 0;
   for (const char* t = template; *t != '\0' && n + 1 < cap; t++) {
     if (t[0] == '%' && t[1] == 'p') {
-      for (const char* d = pid + i; *d != '\0' && n + 1 < cap; d++) out[n++] = *d;
+      for (size_t d = first; d < sizeof pid && n + 1 < cap; d++) out[n++] = pid[d];
       t++;
     } else {
       out[n++] = *t;
