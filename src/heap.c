@@ -66,8 +66,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     /* The current page ran out and others follow: it goes to the back as it
      * is, so that its frees stay on the fast path until the queue comes round
      * to it again; only a page found without a free block then leaves it. */
-    hak_queue_remove(q, page);
-    hak_queue_push_back(q, page);
+    hak_queue_rotate(q);
     page = q->first;
   }
   while (page != NULL) {
@@ -99,7 +98,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   } else {
     HAK_OBSERVE_ADD(heap->stats.alloc_partial[cls]);
   }
-  if (heap->current[cls] != page) hak_heap_set_current(heap, cls);
+  if (heap->current[cls] != page) hak_heap_use_page(heap, cls, page); /* page is first */
   hak_block_t* b = page->free;
   page->free = hak_block_next(b);
   page->used++;
@@ -146,6 +145,17 @@ void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
     p = hak_prof_alloc(heap, size);
   else
     p = alloc_slow(heap, size);
+  HAK_VG_ALLOC(p, 0);
+  return p;
+}
+
+/* The fast path found its class's current page without a free block: the
+ * page names the class, so the refill starts from the class's queue (the
+ * sentinel page means the thread has no heap yet; the profiling build's
+ * countdown also ends here, with a free block left). */
+void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
+  if (HAK_PROF || page == &hak_page_empty) return hak_alloc_slow(heap, size);
+  void* p = heap_alloc_class(heap, page->cls);
   HAK_VG_ALLOC(p, 0);
   return p;
 }

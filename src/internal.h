@@ -425,6 +425,17 @@ HAK_INLINE void hak_queue_remove(hak_page_queue_t* q, hak_page_t* page) {
   page->next = page->prev = NULL;
 }
 
+/* The first page goes to the back; the queue holds another. */
+HAK_INLINE void hak_queue_rotate(hak_page_queue_t* q) {
+  hak_page_t* page = q->first;
+  q->first = page->next;
+  q->first->prev = NULL;
+  page->next = NULL;
+  page->prev = q->last;
+  q->last->next = page;
+  q->last = page;
+}
+
 /* Takes page off the heap's empty pages. */
 HAK_INLINE void hak_heap_empty_remove(hak_heap_t* heap, hak_page_t* page) {
   hak_queue_remove(&heap->empty, page);
@@ -436,10 +447,12 @@ HAK_INLINE void hak_heap_empty_remove(hak_heap_t* heap, hak_page_t* page) {
  * the small classes (those up to HAK_SMALL_MAX) point at it too. */
 #define HAK_DIRECT_CLASSES 24 /* hak_class_of(HAK_SMALL_MAX) + 1 */
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
-HAK_INLINE void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
-  hak_page_t* page = heap->queue[cls].first ? heap->queue[cls].first : &hak_page_empty;
+HAK_INLINE void hak_heap_use_page(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   heap->current[cls] = page;
   if (cls < HAK_DIRECT_CLASSES) hak_heap_set_direct(heap, cls, page);
+}
+HAK_INLINE void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
+  hak_heap_use_page(heap, cls, heap->queue[cls].first ? heap->queue[cls].first : &hak_page_empty);
 }
 
 /* ---- inline helpers ------------------------------------------------------ */
@@ -562,6 +575,7 @@ HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
 /* ---- slow paths (out of line) ------------------------------------------- */
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size);
+void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size);
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
 HAK_COLD void hak_free_special(void* p);
@@ -601,7 +615,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
     HAK_OBSERVE_ADD(heap->stats.alloc_current[page->cls]);
     return b;
   }
-  return hak_alloc_slow(heap, size);
+  return hak_alloc_refill(heap, page, size);
 }
 
 /* free: check the segment map, mask to the segment, and if this thread owns
