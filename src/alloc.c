@@ -26,7 +26,15 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
   return p;
 }
 
-/* Bytes usable at p: to the end of its block. */
+/* Bytes usable at p, a pointer into page (of a normal segment): to the end of
+ * its block (a large page holds one block, from its start). */
+static size_t page_usable(const hak_page_t* page, const void* p) {
+  if (page->units == 0) return 0;
+  const uint8_t* b = page->cls == HAK_CLASS_LARGE ? hak_page_start(page)
+                                                 : (const uint8_t*)hak_block_start(page, p);
+  return page->block_size - HAK_CANARY_SIZE - (size_t)((const uint8_t*)p - b);
+}
+
 size_t hak_usable(const void* p) {
   hak_segment_t* seg = hak_segment_lookup(p);
   if (seg == NULL) {
@@ -34,25 +42,21 @@ size_t hak_usable(const void* p) {
     return 0;
   }
   if (seg->kind == HAK_SEG_HUGE) return hak_huge_usable(seg, p);
-  hak_page_t* page = hak_page_of(seg, p);
-  if (page->units == 0) return 0;
-  const uint8_t* b = (const uint8_t*)hak_block_start(page, p);
-  return page->block_size - HAK_CANARY_SIZE - (size_t)((const uint8_t*)p - b);
+  return page_usable(hak_page_of(seg, p), p);
 }
 
 HAK_API size_t hak_usable_size(const void* p) { return hak_usable(p); }
 
 /* A large block of this thread's heap grows over the free units after it
  * (also one handed out at an inner address: aligned). */
-static bool realloc_grow_in_place(hak_segment_t* seg, void* p, size_t size) {
-  if (seg->kind != HAK_SEG_NORMAL ||
+static bool realloc_grow_in_place(hak_segment_t* seg, hak_page_t* page, void* p, size_t size) {
+  if (page->cls != HAK_CLASS_LARGE || size > HAK_LARGE_MAX ||
       atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) != hak_thread_id())
     return false;
-  hak_page_t* page = hak_page_of(seg, p);
   uint8_t* start = hak_page_start(page);
-  if (page->cls != HAK_CLASS_LARGE ||
-      !hak_page_grow(hak_tls_heap, page, (size_t)((uint8_t*)p - start) + size + HAK_CANARY_SIZE))
+  if (!hak_page_grow(hak_tls_heap, page, (size_t)((uint8_t*)p - start) + size + HAK_CANARY_SIZE))
     return false;
+  if (page->home) hak_heap_home_gone(hak_tls_heap, page); /* a large block like any other now */
   hak_canary_set(page, start); /* at the new end */
   if (hak_page_is_sampled(page)) hak_prof_moved(p, p, size);
   return true;
@@ -66,25 +70,45 @@ HAK_API void* hak_realloc(void* p, size_t size) {
   }
   hak_segment_t* seg = hak_segment_lookup(p);
   if (seg == NULL) hak_fatal("realloc of a pointer not allocated by hakmem", p);
-  size_t usable = hak_usable(p);
-  if (seg->kind == HAK_SEG_HUGE && size > HAK_LARGE_MAX) {
-    void* q = hak_huge_realloc(seg, p, size);
-    if (q != NULL) {
-      if (hak_prof_has_samples()) hak_prof_moved(p, q, size);
-      HAK_VG_RESIZED(p, q, usable);
-      return q;
+  hak_page_t* page = NULL;
+  size_t usable;
+  if (seg->kind == HAK_SEG_HUGE) {
+    usable = hak_huge_usable(seg, p);
+    if (size > HAK_LARGE_MAX) {
+      void* q = hak_huge_realloc(seg, p, size);
+      if (q != NULL) {
+        if (hak_prof_has_samples()) hak_prof_moved(p, q, size);
+        HAK_VG_RESIZED(p, q, usable);
+        return q;
+      }
     }
+  } else {
+    page = hak_page_of(seg, p);
+    usable = page_usable(page, p);
   }
-  /* Stay if it fits and does not waste more than half. */
-  if (size <= usable && size >= usable / 2) return p;
-  if (size > usable && size <= HAK_LARGE_MAX && realloc_grow_in_place(seg, p, size)) {
+  /* Stay if it fits and does not waste more than half, or if it is a home. */
+  if (size <= usable && (size >= usable / 2 || (page != NULL && page->home))) return p;
+  if (size > usable && page != NULL && realloc_grow_in_place(seg, page, p, size)) {
     HAK_VG_RESIZED(p, p, usable);
     return p;
   }
-  void* q = hak_alloc_inline(size);
+  /* A buffer that grows a second time in a row gets a home where it can go
+   * on growing without a copy, as a coalescing heap grows the block at its
+   * top: a large block at the start of the longest run of free units, which
+   * it fills in place.  At most HAK_REALLOC_HOMES of one unit live per heap,
+   * so that many buffers that stop growing small do not each hold a unit. */
+  hak_heap_t* heap = hak_tls_heap;
+  void* q = NULL;
+  if (size > usable && ~(uintptr_t)p == heap->realloc_last && heap->homes < HAK_REALLOC_HOMES &&
+      heap->kind == HAK_HEAP_THREAD && size <= HAK_LARGE_MAX - HAK_CANARY_SIZE) {
+    q = hak_heap_alloc_home(heap, size + HAK_CANARY_SIZE);
+    HAK_VG_ALLOC(q, 0);
+  }
+  if (q == NULL) q = hak_alloc_inline(size);
   if (q == NULL) return NULL; /* errno is ENOMEM; p is untouched */
   memcpy(q, p, size < usable ? size : usable);
   hak_free_inline(p);
+  if (size > usable && heap->kind == HAK_HEAP_THREAD) heap->realloc_last = ~(uintptr_t)q;
   return q;
 }
 

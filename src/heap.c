@@ -124,6 +124,29 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
   return b;
 }
 
+/* A growing buffer's home (see hak_realloc): a large block of one unit or
+ * more, which realloc grows in place, within its unit and then over the
+ * free units after it. */
+void* hak_heap_alloc_home(hak_heap_t* heap, size_t size) {
+  if (hak_remote_pending(heap)) hak_remote_collect(heap);
+  hak_page_t* page = hak_page_new_home(heap, size);
+  if (page == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  hak_stat_add(heap->stats.refills[HAK_CLASSES], 1);
+  hak_block_t* b = page->free;
+  page->free = NULL;
+  page->used = 1;
+  if (page->units == 1) {
+    page->home = 1;
+    heap->homes++;
+  }
+  hak_block_out(page, b);
+  hak_heap_check(heap);
+  return b;
+}
+
 void* hak_heap_alloc(hak_heap_t* heap, size_t size) {
   if (size <= HAK_CLASS_MAX_SIZE) return heap_alloc_class(heap, hak_class_of(size));
   if (size <= HAK_LARGE_MAX) return heap_alloc_large(heap, size);
@@ -180,6 +203,7 @@ void* hak_alloc_on_dead_thread(size_t size) {
  * blocks' pages beyond HAK_EMPTY_LARGE_UNITS_KEEP of them), and each once it
  * has not been reused for the purge delay. */
 static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
+  if (page->home) hak_heap_home_gone(heap, page);
   if (page->cls != HAK_CLASS_LARGE) {
     hak_queue_remove(&heap->queue[page->cls], page);
     if (page->reserved <= HAK_SPARE_BLOCKS_MAX && heap->spare[page->cls] == NULL) {

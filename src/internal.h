@@ -85,6 +85,7 @@ void hak_heap_check(struct hak_heap_s* heap);
 #define HAK_EXIT_DIRTY_UNITS_KEEP 2
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
+#define HAK_REALLOC_HOMES 8 /* live one-unit realloc homes per heap (alloc.c) */
 /* Requests above this can never be satisfied (and keep size arithmetic safe). */
 #define HAK_SIZE_LIMIT ((size_t)PTRDIFF_MAX - 2 * HAK_SEG_SIZE)
 
@@ -112,7 +113,7 @@ typedef struct hak_page_s {
   uint8_t cls;            /* size class, or HAK_CLASS_LARGE */
   uint8_t units;          /* units spanned; 0 in a descriptor that heads no page */
   uint8_t index;          /* unit index of the head within its segment */
-  uint8_t pad_;
+  uint8_t home;           /* a large block realloc placed to grow in place (alloc.c) */
   uint8_t* start;         /* first block */
   /* UINT64_MAX / block_size + 1: an offset d below 2^32 is a multiple of the
    * block size iff d * div_magic < div_magic (Lemire, Kaser and Kurz), so
@@ -222,6 +223,9 @@ struct hak_heap_s {
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
   hak_heap_t* all_next;                 /* every heap ever made (stats) */
   uint64_t prof_rng;                    /* the profiler's gaps between samples */
+  uintptr_t realloc_last;               /* ~address of the block the last growing realloc moved to
+                                           (inverted: no pointer for memcheck to see a leak through) */
+  uint32_t homes;                       /* live one-unit realloc homes (HAK_REALLOC_HOMES) */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
@@ -689,6 +693,7 @@ void hak_segments_usage(hak_usage_t* usage);
 
 /* page.c */
 hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size);
+hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size);
 void hak_page_extend(hak_page_t* page);
 void hak_page_retire(hak_heap_t* heap, hak_page_t* page);
 void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms);
@@ -703,6 +708,13 @@ void hak_segments_fork_child(hak_heap_t* survivor);
 
 /* heap.c */
 void* hak_heap_alloc(hak_heap_t* heap, size_t size);
+void* hak_heap_alloc_home(hak_heap_t* heap, size_t size);
+/* A realloc home freed, or grown past its unit: it counts no more (a heap
+ * that took over another's pages did not count those). */
+HAK_INLINE void hak_heap_home_gone(hak_heap_t* heap, hak_page_t* page) {
+  page->home = 0;
+  if (heap->homes > 0) heap->homes--;
+}
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
 void hak_heap_flush_empty(hak_heap_t* heap);

@@ -64,6 +64,7 @@ static void page_format(hak_page_t* page, unsigned cls) {
   page->head_off = 0;
   page->in_full = 0;
   page->has_aligned = 0;
+  page->home = 0;
   page->used = 0;
   page->cls = (uint8_t)cls;
   hak_page_set_start(page, start);
@@ -167,6 +168,54 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
   page->units = (uint8_t)n;
   page->index = (uint8_t)idx;
   page_format(page, cls);
+  hak_count(pages, 1);
+  return page;
+}
+
+/* The longest run of set bits in m: its length, and its first bit in *at. */
+static unsigned longest_run(uint32_t m, unsigned* at) {
+  unsigned best = 0;
+  while (m != 0) {
+    unsigned start = (unsigned)__builtin_ctz(m);
+    uint64_t rest = ~((uint64_t)m >> start);
+    unsigned len = (unsigned)__builtin_ctzll(rest);
+    if (len > best) {
+      best = len;
+      *at = start;
+    }
+    m &= ~hak_unit_mask(start, len);
+  }
+  return best;
+}
+
+/* A realloc home (alloc.c): a large block at the start of the longest run of
+ * free units of the heap's segments, so that it can grow over the run in
+ * place.  The heap's kept empty large pages give their units back first:
+ * the last growing buffer's home is usually among them, still backed. */
+hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size) {
+  unsigned n = (unsigned)((size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT);
+  for (hak_page_t* page = heap->empty.first, *next; page != NULL; page = next) {
+    next = page->next;
+    if (page->cls != HAK_CLASS_LARGE) continue;
+    hak_heap_empty_remove(heap, page);
+    hak_page_retire(heap, page);
+  }
+  hak_segment_t* best = NULL;
+  unsigned best_len = 0, best_at = 0;
+  for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
+    unsigned at = 0, len = longest_run(seg->free_units, &at);
+    if (len > best_len) {
+      best = seg;
+      best_len = len;
+      best_at = at;
+    }
+  }
+  if (best == NULL || best_len < n) return hak_page_new(heap, HAK_CLASS_LARGE, size);
+  heap_take_units(heap, best, best_at, n);
+  hak_page_t* page = &best->pages[best_at];
+  page->units = (uint8_t)n;
+  page->index = (uint8_t)best_at;
+  page_format(page, HAK_CLASS_LARGE);
   hak_count(pages, 1);
   return page;
 }

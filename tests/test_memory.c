@@ -247,12 +247,75 @@ static void* realloc_in_place_thread(void* arg) {
   return arg;
 }
 
-static void test_realloc_in_place(void) {
+/* Runs fn in a thread of its own (a fresh heap); the live blocks stay intact. */
+static void in_new_thread(void* (*fn)(void*)) {
   pthread_t t;
-  REQUIRE(pthread_create(&t, NULL, realloc_in_place_thread, NULL) == 0);
+  REQUIRE(pthread_create(&t, NULL, fn, NULL) == 0);
   pthread_join(t, NULL);
   CHECK(live_intact());
 }
+
+/* A buffer grown by realloc step after step, as a string or a vector grows,
+ * moves at most twice (its first growth, and its second into a home where it
+ * grows in place, to 1 MiB), its contents intact at every step; buffers that
+ * stop growing small hold at most HAK_REALLOC_HOMES whole units, and their
+ * homes count no more once freed. */
+static char* grown_buffer(void) {
+  char* p = malloc(16);
+  for (size_t size = 24; p != NULL && size <= 54; size += size / 2) p = realloc(p, size);
+  REQUIRE(p != NULL);
+  return p;
+}
+
+static void* realloc_chain_thread(void* arg) {
+  for (int round = 0; round < 3; round++) {
+    size_t size = 16;
+    char* p = malloc(size);
+    REQUIRE(p != NULL);
+    p[0] = 42;
+    memset(p + 1, 7, size - 1);
+    int moves = 0;
+    while (size < MIB) {
+      size_t next = size + size / 2 > MIB ? MIB : size + size / 2;
+      char* q = realloc(p, next);
+      REQUIRE(q != NULL);
+      moves += q != p;
+      CHECK(q[0] == 42 && q[size - 1] == 7);
+      memset(q + 1, 7, next - 1);
+      p = q;
+      size = next;
+    }
+    CHECK(moves <= 2);
+    if (moves > 2) fprintf(stderr, "realloc chain to 1 MiB: %d moves\n", moves);
+    free(p);
+  }
+  /* Forty buffers grown three times and kept: few whole units. */
+  enum { N = 40 };
+  char* kept[N];
+  int units = 0;
+  for (int i = 0; i < N; i++) {
+    char* p = grown_buffer();
+    memset(p, i, 54);
+    kept[i] = p;
+    units += malloc_usable_size(p) >= HAK_UNIT_SIZE / 2;
+  }
+  CHECK(units > 0 && units <= HAK_REALLOC_HOMES);
+  /* A home shrunk stays, its contents intact. */
+  char* small = realloc(kept[0], 20);
+  CHECK(small == kept[0] && small[19] == 0);
+  kept[0] = small;
+  for (int i = 0; i < N; i++) {
+    for (int j = 0; j < 20; j++) CHECK(kept[i][j] == (char)i);
+    free(kept[i]);
+  }
+  /* Their homes freed, a new chain gets one again. */
+  char* p = grown_buffer();
+  CHECK(malloc_usable_size(p) >= HAK_UNIT_SIZE / 2);
+  free(p);
+  return arg;
+}
+
+
 
 /* malloc_trim(0) gives back everything free at once (whatever the delay).
  * RSS shows it with MADV_DONTNEED on small pages; MADV_FREE leaves the pages
@@ -379,7 +442,8 @@ int main(int argc, char** argv) {
   test_empty_pages_age();
   test_huge_cache();
   test_huge_tails();
-  test_realloc_in_place();
+  in_new_thread(realloc_in_place_thread);
+  in_new_thread(realloc_chain_thread);
   test_trim();
   test_mallinfo();
   test_thp();
