@@ -530,6 +530,16 @@ HAK_INLINE bool hak_is_block_start_full(const hak_page_t* page, const void* p) {
   return (uint64_t)off * page->full_magic < page->full_magic;
 }
 
+/* The same test for a page of a size class, by its class's magic: what a
+ * remote free reads of the page (start, class) does not change while the
+ * block is out, whatever state the owner moves the page through. */
+extern uint64_t hak_class_magic[HAK_CLASSES];
+HAK_INLINE bool hak_is_class_block_start(const hak_page_t* page, const void* p) {
+  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)hak_page_start(page));
+  uint64_t magic = hak_class_magic[page->cls];
+  return (uint64_t)off * magic < magic;
+}
+
 /* The start of the block holding p (p may point inside an aligned block). */
 HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
   size_t off = (size_t)((const uint8_t*)p - hak_page_start(page));
