@@ -7,9 +7,10 @@ uint8_t hak_class_units[HAK_CLASSES];
 uint64_t hak_class_magic[HAK_CLASSES];
 
 /* A page should hold at least this many blocks, so that mid-size classes do not
- * churn pages; the tail it cannot use should stay under 1/8 of the page. */
+ * churn pages (with 4 blocks a page of 16-64 KiB blocks ran out every third
+ * malloc); the tail it cannot use should stay under 1/8 of the page. */
 static unsigned units_for(size_t bsize) {
-  unsigned min_blocks = bsize <= 16384 ? 8 : 4;
+  unsigned min_blocks = bsize <= 65536 ? 8 : 4;
   for (unsigned n = 1; n <= 16; n++) {
     size_t bytes = n * HAK_UNIT_SIZE;
     size_t blocks = bytes / bsize;
