@@ -142,6 +142,7 @@ static void* alloc_slow(hak_heap_t* heap, size_t size) {
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
   void* p;
+  if (HAK_SECURE && size <= HAK_SIZE_LIMIT) size += HAK_CANARY_SIZE; /* (else ENOMEM below) */
   if (HAK_PROF && heap->kind >= HAK_HEAP_THREAD && unlikely(hak_prof_due(heap, size)))
     p = hak_prof_alloc(heap, size);
   else

@@ -322,7 +322,8 @@ enum {
 /* Blocks carved (and shuffled) at a time: at least a page's worth or MIN. */
 #define HAK_SECURE_CARVE_MIN 16
 #define HAK_SECURE_CARVE_MAX 256
-/* Drawn at start (hak_secure_init): the link key, the freed tag's, the canary's. */
+/* Drawn at start (hak_secure_init): the link key, the freed tag's (over the
+ * canary's), the canary's. */
 extern uintptr_t hak_secret[3];
 HAK_COLD __attribute__((noreturn)) void hak_bad_link(const void* at);
 #else
@@ -372,7 +373,7 @@ size_t hak_usable(const void* p);
 HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
   HAK_VG_LINK_OPEN(b);
 #if HAK_SECURE
-  b->link = __builtin_bswap64((uintptr_t)next ^ hak_secret[0]) ^ (uintptr_t)b;
+  b->link = __builtin_bswap64((uintptr_t)next ^ (uintptr_t)b) ^ hak_secret[0];
 #else
   b->link = (uintptr_t)next;
 #endif
@@ -380,18 +381,22 @@ HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
 }
 
 #if HAK_SECURE
-HAK_INLINE uintptr_t hak_link_decode(const hak_block_t* b) {
-  return __builtin_bswap64(b->link ^ (uintptr_t)b) ^ hak_secret[0];
+/* The link's distance: next ^ b (b itself at the end of a list). */
+HAK_INLINE uintptr_t hak_link_delta(const hak_block_t* b) {
+  return __builtin_bswap64(b->link ^ hak_secret[0]);
 }
 #endif
 
 /* The next block of a page's free list (all in one segment). */
 HAK_INLINE hak_block_t* hak_block_next(const hak_block_t* b) {
 #if HAK_SECURE
-  uintptr_t next = hak_link_decode(b);
-  if (unlikely(next != 0 && (((next ^ (uintptr_t)b) & ~(uintptr_t)HAK_SEG_MASK) | (next & 15)) != 0))
-    hak_bad_link(b);
-  return (hak_block_t*)next;
+  /* b is 16-byte aligned, so one mask of next ^ b tests both that next is in
+   * b's segment and that it is aligned; the end of the list (next == 0)
+   * fails that test and is let through second, which keeps the usual case
+   * to one branch. */
+  uintptr_t delta = hak_link_delta(b);
+  if (unlikely((delta & (~(uintptr_t)HAK_SEG_MASK | 15)) != 0) && delta != (uintptr_t)b) hak_bad_link(b);
+  return (hak_block_t*)(delta ^ (uintptr_t)b);
 #elif HAK_VALGRIND
   HAK_VG_LINK_OPEN(b);
   uintptr_t next = b->link;
@@ -524,7 +529,7 @@ HAK_COLD __attribute__((noreturn)) void hak_double_free(const hak_page_t* page, 
 /* The next block of a heap's remote list (blocks of any of its segments). */
 HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 #if HAK_SECURE
-  uintptr_t next = hak_link_decode(b);
+  uintptr_t next = hak_link_delta(b) ^ (uintptr_t)b;
   if (unlikely(next != 0 && ((next & 15) != 0 || hak_segmap_get((void*)next) != HAK_MAP_SEGMENT)))
     hak_bad_link(b);
   return (hak_block_t*)next;
@@ -540,7 +545,9 @@ HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
 HAK_INLINE uintptr_t hak_canary_word(const void* b) { return (uintptr_t)b ^ hak_secret[2]; }
-HAK_INLINE uintptr_t hak_freed_word(const void* b) { return (uintptr_t)b ^ hak_secret[1]; }
+/* (The tag is the canary under a second secret: a free, having just compared
+ * the canary, turns it into the tag with one more instruction.) */
+HAK_INLINE uintptr_t hak_freed_word(const void* b) { return hak_canary_word(b) ^ hak_secret[1]; }
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
   *hak_canary_at(page, b) = hak_canary_word(b);
 }
@@ -561,6 +568,7 @@ HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
 
 /* ---- slow paths (out of line) ------------------------------------------- */
 
+/* (size as the program asked: the secure build adds its canary's bytes.) */
 void* hak_alloc_slow(hak_heap_t* heap, size_t size);
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
@@ -581,19 +589,19 @@ HAK_COLD void hak_free_special(void* p);
 HAK_INLINE void* hak_alloc_inline(size_t size) {
   hak_heap_t* heap = hak_tls_heap;
   hak_page_t* page;
-#if HAK_SECURE
-  if (unlikely(size > HAK_SIZE_LIMIT)) return hak_alloc_slow(heap, size); /* ENOMEM */
-  size += HAK_CANARY_SIZE;
-#endif
-  if (likely(size <= HAK_SMALL_MAX)) {
-    page = heap->direct[(size + 15) >> 4];
-  } else if (size <= HAK_CLASS_MAX_SIZE) {
-    page = heap->current[hak_class_of(size)];
+  /* The bytes asked of a class: with the canary's (the comparisons are on
+   * size itself, so that a size near SIZE_MAX cannot wrap past them; the
+   * slow path is given size and adds the canary itself). */
+  size_t need = size + HAK_CANARY_SIZE;
+  if (likely(size <= HAK_SMALL_MAX - HAK_CANARY_SIZE)) {
+    page = heap->direct[(need + 15) >> 4];
+  } else if (size <= HAK_CLASS_MAX_SIZE - HAK_CANARY_SIZE) {
+    page = heap->current[hak_class_of(need)];
   } else {
     return hak_alloc_slow(heap, size);
   }
   hak_block_t* b = page->free;
-  if (likely(b != NULL && HAK_PROF_COUNTDOWN(heap, size))) {
+  if (likely(b != NULL && HAK_PROF_COUNTDOWN(heap, need))) {
     page->free = hak_block_next(b);
     page->used++;
     hak_block_out(page, b);
@@ -621,7 +629,9 @@ HAK_INLINE void hak_free_inline(void* p) {
              hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
     hak_block_t* head = page->free;
-    if (unlikely(b == head)) hak_double_free(page, p); /* the block freed last, again */
+    /* The block freed last, again (the secure build's canary check, next,
+     * finds every double free, this one included). */
+    if (!HAK_SECURE && unlikely(b == head)) hak_double_free(page, p);
     hak_block_in(page, b);
     hak_block_set_next(b, head);
     page->free = b;
