@@ -103,7 +103,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   hak_block_t* b = page->free;
   page->free = hak_block_next(b);
   page->used++;
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -120,7 +120,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
   hak_block_t* b = page->free;
   page->free = NULL;
   page->used = 1;
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -277,6 +277,7 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
     if (self->kind == HAK_HEAP_THREAD)
       HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
 #endif
+    hak_block_tag(page, b);
     hak_remote_push(owner, b);
   }
 }

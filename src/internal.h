@@ -312,9 +312,10 @@ enum {
  * cannot plant a pointer, and checks each link it follows: one that does not
  * decode to a 16-byte aligned block of the same segment (of some segment, on
  * a remote list) is reported as a corrupted heap.  Every block of a page
- * ends with a canary word while handed out and a freed tag while free,
- * checked when the block is freed: a tag is a double free (wherever the block
- * sits in the free lists), anything else a write past its end.  Fresh blocks
+ * ends with a canary word, checked when the block is freed, and a free block
+ * is known by the link in its first word (or, on another heap's remote list,
+ * by a freed tag in place of its canary): freeing it again is a double free,
+ * any other last word a write past its end (see hak_block_in).  Fresh blocks
  * are handed out in random order, and guard pages follow segment headers and
  * surround huge blocks.  The release build compiles all of it away. */
 #if HAK_SECURE
@@ -539,31 +540,58 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 }
 
 #if HAK_SECURE
-/* The last word of a block: its canary while handed out, its freed tag while
- * free (each the block's address under a secret of its own). */
+/* A block's two marks.  Its first word tells a free block: there, and only
+ * there, is an encoded link, which decodes to a block of the same segment
+ * or ends the list; malloc clears it when it hands the block out.  (A
+ * program cannot write such a word but by chance, 1 in 2^47, or by copying
+ * one out of a freed block.)  Its last word is its canary, the block's
+ * address under a secret, laid when the block is carved (and when the slow
+ * paths hand a block out: a large block's end moves with its page), and
+ * checked, not rewritten, by every free: malloc's fast path thus touches
+ * only the block's first line.  A block freed to another thread's heap
+ * sits on a list whose links cross segments; its canary is turned into the
+ * freed tag (the canary under a second secret) until its owner collects it
+ * and lays the canary again. */
 HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
 HAK_INLINE uintptr_t hak_canary_word(const void* b) { return (uintptr_t)b ^ hak_secret[2]; }
-/* (The tag is the canary under a second secret: a free, having just compared
- * the canary, turns it into the tag with one more instruction.) */
 HAK_INLINE uintptr_t hak_freed_word(const void* b) { return hak_canary_word(b) ^ hak_secret[1]; }
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
   *hak_canary_at(page, b) = hak_canary_word(b);
 }
-#define hak_block_out(page, b) hak_canary_set(page, b)
-HAK_COLD __attribute__((noreturn)) void hak_bad_canary(const hak_page_t* page, const void* b);
-/* A block the program frees: its canary intact (else it was freed already,
- * or written past its end); tagged freed. */
-HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
-  uintptr_t* last = hak_canary_at(page, b);
-  if (unlikely(*last != hak_canary_word(b))) hak_bad_canary(page, b);
-  *last = hak_freed_word(b);
+/* Whether b's first word is a link of a page's free list: a block of its
+ * segment (tested as in hak_block_next) or the end. */
+HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
+  uintptr_t delta = hak_link_delta(b);
+  return (delta & (~(uintptr_t)HAK_SEG_MASK | 15)) == 0 || delta == (uintptr_t)b;
 }
+/* Handed out by malloc's fast path (its canary stands since it was carved
+ * or last checked), by the slow paths. */
+#define hak_block_out(page, b) ((void)(page), (b)->link = 0)
+HAK_INLINE void hak_block_out_slow(const hak_page_t* page, hak_block_t* b) {
+  b->link = 0;
+  hak_canary_set(page, b);
+}
+/* Reports a block freed that is linked or whose canary is not intact. */
+HAK_COLD __attribute__((noreturn)) void hak_bad_free(const hak_page_t* page, const void* b);
+/* A block the program frees: not linked (else it is free already), its
+ * canary intact (else it was freed to another thread, or written past its
+ * end).  (One report call for both: the fast path then needs no frame.) */
+HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
+  if (unlikely(hak_block_linked(b)) || unlikely(*hak_canary_at(page, b) != hak_canary_word(b)))
+    hak_bad_free(page, b);
+}
+/* Freed to another thread's heap: tagged, until collected. */
+#define hak_block_tag(page, b) ((void)(*hak_canary_at(page, b) = hak_freed_word(b)))
+#define hak_block_collected(page, b) hak_canary_set(page, b)
 #else
 #define hak_canary_set(page, b) ((void)0)
 #define hak_block_out(page, b) ((void)0)
+#define hak_block_out_slow(page, b) ((void)0)
 #define hak_block_in(page, b) ((void)0)
+#define hak_block_tag(page, b) ((void)0)
+#define hak_block_collected(page, b) ((void)0)
 #endif
 
 /* ---- slow paths (out of line) ------------------------------------------- */

@@ -40,7 +40,9 @@ void hak_secure_init(void) {
   uint64_t salt = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uintptr_t)&ts;
   for (int i = 0; i < 3; i++) {
     uint64_t k = mix64(seed[i] ^ mix64(salt + (uint64_t)i));
-    /* Distinct and non-zero: a zero key would store links in the clear. */
+    /* Odd, so not zero: a zero key would store links in the clear, and the
+     * link key's low byte not zero makes a cleared first word (a block just
+     * handed out) decode to no link (hak_block_linked). */
     hak_secret[i] = (uintptr_t)(k | 1u) ^ ((uintptr_t)i << 1);
   }
 }
@@ -54,22 +56,34 @@ static uint64_t rng_next(void) {
   return mix64(rng_state);
 }
 
+/* Swaps order[i - 1] with an element of order[0 .. i - 1] chosen by r (32
+ * random bits). */
+static inline void shuffle_step(uint16_t* order, uint32_t i, uint64_t r) {
+  uint32_t j = (uint32_t)((r * i) >> 32);
+  uint16_t t = order[i - 1];
+  order[i - 1] = order[j];
+  order[j] = t;
+}
+
 /* Links the n blocks of bs bytes from first in a random order (a shuffle of
- * their indices), ending with tail; returns the first of the list.  n is at
- * most HAK_SECURE_CARVE_MAX. */
+ * their indices, two steps per random word), ending with tail, and lays
+ * their canaries; returns the first of the list.  n is at most
+ * HAK_SECURE_CARVE_MAX. */
 hak_block_t* hak_secure_carve(uint8_t* first, uint32_t bs, uint32_t n, hak_block_t* tail) {
   uint16_t order[HAK_SECURE_CARVE_MAX];
   for (uint32_t i = 0; i < n; i++) order[i] = (uint16_t)i;
-  for (uint32_t i = n; i > 1; i--) {
-    uint32_t j = (uint32_t)(((rng_next() >> 32) * i) >> 32);
-    uint16_t t = order[i - 1];
-    order[i - 1] = order[j];
-    order[j] = t;
+  uint32_t i = n;
+  for (; i > 2; i -= 2) {
+    uint64_t r = rng_next();
+    shuffle_step(order, i, r >> 32);
+    shuffle_step(order, i - 1, r & 0xffffffffu);
   }
+  if (i == 2) shuffle_step(order, 2, rng_next() >> 32);
   hak_block_t* list = tail;
-  for (uint32_t i = 0; i < n; i++) {
+  for (i = 0; i < n; i++) {
     hak_block_t* b = (hak_block_t*)(first + (size_t)order[i] * bs);
     hak_block_set_next(b, list);
+    *(uintptr_t*)((uint8_t*)b + bs - HAK_CANARY_SIZE) = hak_canary_word(b);
     list = b;
   }
   return list;
@@ -79,9 +93,11 @@ void hak_bad_link(const void* at) {
   hak_fatal("corrupted free list (a freed block was written to) at", at);
 }
 
-/* A block freed whose last word is not its canary. */
-void hak_bad_canary(const hak_page_t* page, const void* b) {
-  if (*hak_canary_at(page, b) == hak_freed_word(b)) hak_double_free(page, b);
+/* A block freed that is linked (free already), or whose last word is not
+ * its canary: the freed tag of a block on another heap's list, else a write
+ * past its end. */
+void hak_bad_free(const hak_page_t* page, const void* b) {
+  if (hak_block_linked(b) || *hak_canary_at(page, b) == hak_freed_word(b)) hak_double_free(page, b);
   hak_fatal_class("write past the end of the block", b, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
 }
 
