@@ -47,46 +47,51 @@ void hak_secure_init(void) {
   }
 }
 
-/* A thread's own random stream (splitmix), seeded from the secrets. */
+/* A thread's own random stream, seeded from the secrets: a Weyl sequence
+ * whose steps are mixed by one 128-bit multiply (the wyrand construction),
+ * enough to shuffle with. */
 static __thread uint64_t rng_state;
 
-static uint64_t rng_next(void) {
-  if (unlikely(rng_state == 0)) rng_state = mix64(hak_secret[0] ^ hak_thread_id()) | 1;
-  rng_state += 0x9e3779b97f4a7c15ull;
-  return mix64(rng_state);
+static inline uint64_t rng_mix(uint64_t s) {
+  __uint128_t t = (__uint128_t)s * (s ^ 0xe7037ed1a0b428dbull);
+  return (uint64_t)(t >> 64) ^ (uint64_t)t;
 }
+#define RNG_STEP 0xa0761d6478bd642full
 
-/* Swaps order[i - 1] with an element of order[0 .. i - 1] chosen by r (32
- * random bits). */
-static inline void shuffle_step(uint16_t* order, uint32_t i, uint64_t r) {
-  uint32_t j = (uint32_t)((r * i) >> 32);
-  uint16_t t = order[i - 1];
-  order[i - 1] = order[j];
-  order[j] = t;
-}
-
-/* Links the n blocks of bs bytes from first in a random order (a shuffle of
- * their indices, two steps per random word), ending with tail, and lays
- * their canaries; returns the first of the list.  n is at most
- * HAK_SECURE_CARVE_MAX. */
+/* Links the n blocks of bs bytes from first in a random order, ending with
+ * tail, and lays their canaries; returns the first of the list.  n is at
+ * most HAK_SECURE_CARVE_MAX.  The order is a shuffle of the indices, built
+ * inside out (index i goes to a random place j <= i, whose index moves to
+ * i), two steps per random word. */
 hak_block_t* hak_secure_carve(uint8_t* first, uint32_t bs, uint32_t n, hak_block_t* tail) {
   uint16_t order[HAK_SECURE_CARVE_MAX];
-  for (uint32_t i = 0; i < n; i++) order[i] = (uint16_t)i;
-  uint32_t i = n;
-  for (; i > 2; i -= 2) {
-    uint64_t r = rng_next();
-    shuffle_step(order, i, r >> 32);
-    shuffle_step(order, i - 1, r & 0xffffffffu);
+  uint64_t s = rng_state;
+  if (unlikely(s == 0)) s = mix64(hak_secret[0] ^ hak_thread_id()) | 1;
+  order[0] = 0;
+  uint64_t r = 0;
+  for (uint32_t i = 1; i < n; i++) {
+    if (i & 1) {
+      s += RNG_STEP;
+      r = rng_mix(s);
+    } else {
+      r >>= 32;
+    }
+    uint32_t j = (uint32_t)(((r & 0xffffffffu) * (i + 1)) >> 32);
+    order[i] = order[j];
+    order[j] = (uint16_t)i;
   }
-  if (i == 2) shuffle_step(order, 2, rng_next() >> 32);
-  hak_block_t* list = tail;
-  for (i = 0; i < n; i++) {
-    hak_block_t* b = (hak_block_t*)(first + (size_t)order[i] * bs);
-    hak_block_set_next(b, list);
-    *(uintptr_t*)((uint8_t*)b + bs - HAK_CANARY_SIZE) = hak_canary_word(b);
-    list = b;
+  rng_state = s;
+  /* (hak_block_set_next and hak_canary_word, the secrets read once: the
+   * compiler cannot tell that the stores leave them alone.) */
+  const uintptr_t link_key = hak_secret[0], canary_key = hak_secret[2];
+  uintptr_t list = (uintptr_t)tail;
+  for (uint32_t i = 0; i < n; i++) {
+    uint8_t* b = first + (size_t)order[i] * bs;
+    ((hak_block_t*)b)->link = __builtin_bswap64(list ^ (uintptr_t)b) ^ link_key;
+    *(uintptr_t*)(b + bs - HAK_CANARY_SIZE) = (uintptr_t)b ^ canary_key;
+    list = (uintptr_t)b;
   }
-  return list;
+  return (hak_block_t*)list;
 }
 
 void hak_bad_link(const void* at) {
