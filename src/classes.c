@@ -24,5 +24,5 @@ void hak_classes_init(void) {
     hak_class_units[c] = (uint8_t)units_for(size);
     hak_assert(hak_class_of(size) == c);
   }
-  hak_assert(hak_class_of(HAK_SMALL_MAX) == HAK_DIRECT_CLASSES - 1);
+  hak_assert(hak_class_of(HAK_DIRECT_MAX) == HAK_DIRECT_CLASSES - 1);
 }

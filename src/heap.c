@@ -45,11 +45,11 @@ void hak_heaps_unlock(void) {
 
 /* ---- current pages -------------------------------------------------------- */
 
-/* The direct slots of a small class (sizes up to HAK_SMALL_MAX, by 16 bytes). */
+/* The direct slots of a small class (sizes up to HAK_DIRECT_MAX, by 16 bytes). */
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   size_t size = hak_class_size[cls];
   size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
-  for (size_t s = lo; s <= size / 16; s++) heap->direct[s] = page;
+  for (size_t s = lo; s <= size / 16 && s < HAK_DIRECT_SLOTS; s++) heap->direct[s] = page;
 }
 
 static void heap_reset_current(hak_heap_t* heap) {

@@ -69,7 +69,11 @@ void hak_heap_check(struct hak_heap_s* heap);
 #define HAK_CLASSES 52
 #define HAK_CLASS_MAX_SIZE ((size_t)128 * 1024)
 #define HAK_SMALL_MAX 1024                         /* sizes served by heap->direct */
-#define HAK_DIRECT_SLOTS (HAK_SMALL_MAX / 16 + 1)  /* one slot per 16 bytes */
+/* The sizes asked of a class that heap->direct serves, one slot per 16
+ * bytes: the small classes', and in the secure build one slot more, for a
+ * request of 1024 bytes with its canary (served by the class above). */
+#define HAK_DIRECT_MAX (HAK_SMALL_MAX + (HAK_SECURE ? 16 : 0))
+#define HAK_DIRECT_SLOTS (HAK_DIRECT_MAX / 16 + 1)
 #define HAK_CLASS_LARGE 255                        /* single-block pages */
 /* Empty pages a heap keeps for reuse, in units (4 MiB), of which at most
  * 1 MiB in large blocks' pages (4 MiB of those raised the peak RSS of big,
@@ -439,8 +443,8 @@ HAK_INLINE void hak_heap_empty_remove(hak_heap_t* heap, hak_page_t* page) {
 }
 
 /* The class's current page is the first of its queue; the direct slots of
- * the small classes (those up to HAK_SMALL_MAX) point at it too. */
-#define HAK_DIRECT_CLASSES 24 /* hak_class_of(HAK_SMALL_MAX) + 1 */
+ * the small classes (those up to HAK_DIRECT_MAX) point at it too. */
+#define HAK_DIRECT_CLASSES (24 + HAK_SECURE) /* hak_class_of(HAK_DIRECT_MAX) + 1 */
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
 HAK_INLINE void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
   hak_page_t* page = heap->queue[cls].first ? heap->queue[cls].first : &hak_page_empty;
@@ -621,7 +625,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
    * size itself, so that a size near SIZE_MAX cannot wrap past them; the
    * slow path is given size and adds the canary itself). */
   size_t need = size + HAK_CANARY_SIZE;
-  if (likely(size <= HAK_SMALL_MAX - HAK_CANARY_SIZE)) {
+  if (likely(size <= HAK_DIRECT_MAX - HAK_CANARY_SIZE)) {
     page = heap->direct[(need + 15) >> 4];
   } else if (size <= HAK_CLASS_MAX_SIZE - HAK_CANARY_SIZE) {
     page = heap->current[hak_class_of(need)];
