@@ -27,5 +27,5 @@ void hak_classes_init(void) {
     hak_class_magic[c] = hak_div_magic((uint32_t)size);
     hak_assert(hak_class_of(size) == c);
   }
-  hak_assert(hak_class_of(HAK_SMALL_MAX) == HAK_DIRECT_CLASSES - 1);
+  hak_assert(hak_class_of(HAK_DIRECT_MAX) == HAK_DIRECT_CLASSES - 1);
 }

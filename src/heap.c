@@ -45,11 +45,11 @@ void hak_heaps_unlock(void) {
 
 /* ---- current pages -------------------------------------------------------- */
 
-/* The direct slots of a small class (sizes up to HAK_SMALL_MAX, by 16 bytes). */
+/* The direct slots of a small class (sizes up to HAK_DIRECT_MAX, by 16 bytes). */
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   size_t size = hak_class_size[cls];
   size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
-  for (size_t s = lo; s <= size / 16; s++) heap->direct[s] = page;
+  for (size_t s = lo; s <= size / 16 && s < HAK_DIRECT_SLOTS; s++) heap->direct[s] = page;
 }
 
 static void heap_reset_current(hak_heap_t* heap) {
@@ -102,7 +102,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   hak_block_t* b = page->free;
   page->free = hak_block_next(b);
   page->used++;
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -119,7 +119,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
   hak_block_t* b = page->free;
   page->free = NULL;
   page->used = 1;
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -142,7 +142,7 @@ void* hak_heap_alloc_home(hak_heap_t* heap, size_t size) {
     page->home = 1;
     heap->homes++;
   }
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -164,6 +164,7 @@ static void* alloc_slow(hak_heap_t* heap, size_t size) {
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
   void* p;
+  if (HAK_SECURE && size <= HAK_SIZE_LIMIT) size += HAK_CANARY_SIZE; /* (else ENOMEM below) */
   if (HAK_PROF && heap->kind >= HAK_HEAP_THREAD && unlikely(hak_prof_due(heap, size)))
     p = hak_prof_alloc(heap, size);
   else
@@ -288,6 +289,7 @@ static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t*
   hak_heap_t* self = hak_tls_heap;
   if (self->kind == HAK_HEAP_THREAD) HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
 #endif
+  hak_block_tag(page, b); /* (its link crosses segments: the freed tag marks it) */
   hak_remote_push(owner, b);
 }
 
