@@ -5,6 +5,7 @@
  * one.  Heap structures are never freed, so another thread may always push a
  * remote free onto a heap it saw as a segment's owner. */
 #include <errno.h>
+#include <sched.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -58,6 +59,16 @@ static void heap_reset_current(hak_heap_t* heap) {
 
 /* ---- allocation slow path ------------------------------------------------- */
 
+/* Yields of a starting thread whose first free is of a live thread's block. */
+#define HAK_HEIR_YIELDS 2
+
+/* A heap's kind, read by another thread (a starting thread, an heir). */
+static inline int hak_heap_kind(hak_heap_t* heap) { return __atomic_load_n(&heap->kind, __ATOMIC_RELAXED); }
+
+static hak_heap_t* thread_heap_init(hak_heap_t* want);
+static bool heap_absorb_heir(hak_heap_t* heap);
+static void heap_absorb(hak_heap_t* heap, hak_heap_t* from);
+
 static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
   hak_page_queue_t* q = &heap->queue[cls];
@@ -84,6 +95,9 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     page = next;
   }
   if (page == NULL) {
+    /* An heir whose old heap was abandoned meanwhile takes it (its pages
+     * join the queues behind the one made now). */
+    if (unlikely(heap->heir_of != NULL)) heap_absorb_heir(heap);
     hak_heap_set_current(heap, cls); /* its pages are all out of the queue now */
     page = heap->spare[cls];
     if (page != NULL) {
@@ -193,6 +207,39 @@ void* hak_alloc_on_dead_thread(size_t size) {
 
 /* ---- free slow path --------------------------------------------------------- */
 
+/* A block of another thread's heap goes on that heap's remote list. */
+static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t* b) {
+  hak_block_in(page, b);
+#if HAK_OBSERVE
+  hak_heap_t* self = hak_tls_heap;
+  if (self->kind == HAK_HEAP_THREAD) HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
+#endif
+  hak_block_tag(page, b); /* (its link crosses segments: the freed tag marks it) */
+  hak_remote_push(owner, b);
+}
+
+/* Heaps follow their blocks where threads hand blocks on to the next thread,
+ * as servers do.  A thread whose first act is to free a block of an exited
+ * thread's heap takes that heap.  If the block's thread still runs, it is
+ * most likely the one that just started this thread and is about to end: the
+ * new thread yields the processor (HAK_HEIR_YIELDS times at most) to let it,
+ * then takes its heap if it has ended, else starts a heap of its own (not
+ * another thread's abandoned one, which that thread's successor will look
+ * for) that absorbs the old one on a refill once it is abandoned
+ * (heap_absorb_heir).  Either way the frees of the blocks it
+ * inherited are local from then on. */
+static HAK_NOINLINE void heap_free_first(hak_segment_t* seg, hak_page_t* page, hak_heap_t* owner, hak_block_t* b) {
+  for (int i = 0; i < HAK_HEIR_YIELDS && hak_heap_kind(owner) == HAK_HEAP_THREAD; i++) sched_yield();
+  hak_heap_t* self = thread_heap_init(owner);
+  if (self != NULL && hak_segment_heap(seg) == self) {
+    hak_block_in(page, b);
+    HAK_OBSERVE_ADD(self->stats.free_partial[hak_stat_class(page)]);
+    hak_heap_free_local(self, page, b);
+  } else {
+    free_remote(owner, page, b);
+  }
+}
+
 /* A page became empty.  The current page of its class stays, so that a class
  * that allocates and frees one block at a time does not fetch and retire a
  * page each time; a class whose pages hold few blocks (HAK_SPARE_BLOCKS_MAX)
@@ -282,21 +329,11 @@ void hak_free_special(void* p) {
 
 static HAK_NOINLINE void free_slow_checked(hak_segment_t* seg, hak_page_t* page, void* p);
 
-/* A block of another thread's heap goes on that heap's remote list. */
-static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t* b) {
-  hak_block_in(page, b);
-#if HAK_OBSERVE
-  hak_heap_t* self = hak_tls_heap;
-  if (self->kind == HAK_HEAP_THREAD) HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
-#endif
-  hak_block_tag(page, b); /* (its link crosses segments: the freed tag marks it) */
-  hak_remote_push(owner, b);
-}
-
 /* Most frees that miss the fast path are of a full page of this thread's heap
  * (its div_magic is 0 while it is full) or of another thread's heap: those
  * that start a block of a page are done here, without the checks and the
- * stack frame of the rest. */
+ * stack frame of the rest (and without the first free of a thread that has no
+ * heap yet: heap_free_first). */
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   hak_heap_t* heap = hak_tls_heap;
   hak_heap_t* owner = hak_segment_heap(seg);
@@ -308,8 +345,8 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
         hak_heap_free_local(heap, page, (hak_block_t*)p);
         return;
       }
-    } else if (owner != NULL && page->units != 0 && page->cls != HAK_CLASS_LARGE &&
-               hak_is_class_block_start(page, p)) {
+    } else if (owner != NULL && heap != &hak_heap_empty && page->units != 0 &&
+               page->cls != HAK_CLASS_LARGE && hak_is_class_block_start(page, p)) {
       free_remote(owner, page, (hak_block_t*)p);
       return;
     }
@@ -336,6 +373,8 @@ static HAK_NOINLINE void free_slow_checked(hak_segment_t* seg, hak_page_t* page,
     hak_block_in(page, b);
     HAK_OBSERVE_ADD(owner->stats.free_partial[hak_stat_class(page)]);
     hak_heap_free_local(owner, page, b);
+  } else if (unlikely(hak_tls_heap == &hak_heap_empty)) {
+    heap_free_first(seg, page, owner, b);
   } else {
     free_remote(owner, page, b);
   }
@@ -386,13 +425,19 @@ static void global_heap_collect(void) {
   }
 }
 
-hak_heap_t* hak_thread_heap_init(void) {
+/* Sets up the calling thread's heap: the abandoned heap want if it is in
+ * the pool (else a spare or new one, heir of want), or with want NULL the
+ * most recently abandoned one, else a spare one, else a new one. */
+static hak_heap_t* thread_heap_init(hak_heap_t* want) {
   hak_process_init();
   global_heap_collect();
   pthread_mutex_lock(&heaps_lock);
-  hak_heap_t* heap = abandoned_pool;
+  hak_heap_t** at = &abandoned_pool;
+  if (want != NULL)
+    while (*at != NULL && *at != want) at = &(*at)->pool_next;
+  hak_heap_t* heap = *at;
   if (heap != NULL) {
-    __atomic_store_n(&abandoned_pool, heap->pool_next, __ATOMIC_RELAXED);
+    __atomic_store_n(at, heap->pool_next, __ATOMIC_RELAXED);
     hak_count(heaps_adopted, 1);
   } else if ((heap = spare_pool) != NULL) {
     spare_pool = heap->pool_next;
@@ -401,8 +446,9 @@ hak_heap_t* hak_thread_heap_init(void) {
   }
   pthread_mutex_unlock(&heaps_lock);
   if (heap == NULL) return NULL;
+  heap->heir_of = heap == want ? NULL : want;
   heap->pool_next = NULL;
-  heap->kind = HAK_HEAP_THREAD;
+  __atomic_store_n(&heap->kind, HAK_HEAP_THREAD, __ATOMIC_RELAXED); /* read by heirs */
   heap->tid = hak_thread_id();
   if (HAK_PROF) hak_prof_arm(heap);
   hak_segments_set_owner(heap);
@@ -412,6 +458,8 @@ hak_heap_t* hak_thread_heap_init(void) {
   hak_heap_check(heap);
   return heap;
 }
+
+hak_heap_t* hak_thread_heap_init(void) { return thread_heap_init(NULL); }
 
 /* Gives back what a heap whose thread has ended holds without using: the
  * pages its remote frees empty, its empty pages, with pages the carved memory
@@ -471,7 +519,8 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   abandoned_collect();
   heap_trim_abandoned(heap, false);
   hak_tls_heap = &hak_heap_dead;
-  heap->kind = HAK_HEAP_EMPTY;
+  __atomic_store_n(&heap->kind, HAK_HEAP_EMPTY, __ATOMIC_RELAXED);
+  heap->heir_of = NULL;
   heap->tid = 0; /* a later thread may get this thread's id */
   hak_segments_set_owner(heap);
   heap->abandoned_ms = hak_now_ms();
@@ -508,6 +557,35 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
     from = NULL;
   pthread_mutex_unlock(&heaps_lock);
   if (from == NULL) return false;
+  heap_absorb(heap, from);
+  return true;
+}
+
+/* Absorbs heap->heir_of if it is abandoned now, on a refill (it is
+ * forgotten once looked for: another thread may have taken it meanwhile;
+ * and if it is the global heap, which is never abandoned).  Returns whether
+ * it did. */
+static HAK_NOINLINE bool heap_absorb_heir(hak_heap_t* heap) {
+  hak_heap_t* want = heap->heir_of;
+  int kind = hak_heap_kind(want);
+  if (kind == HAK_HEAP_THREAD) return false; /* its thread still runs */
+  if (kind != HAK_HEAP_EMPTY) {
+    heap->heir_of = NULL;
+    return false;
+  }
+  pthread_mutex_lock(&heaps_lock);
+  hak_heap_t** at = &abandoned_pool;
+  while (*at != NULL && *at != want) at = &(*at)->pool_next;
+  bool found = *at != NULL;
+  if (found) __atomic_store_n(at, want->pool_next, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&heaps_lock);
+  heap->heir_of = NULL;
+  if (found) heap_absorb(heap, want);
+  return found;
+}
+
+/* Moves an abandoned heap, out of the pool, into the live heap. */
+static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
   hak_segments_move(heap, from);
   if (from->dirty_units != 0) { /* its free units not purged yet come along */
     hak_heap_purge_by(heap, from->purge_due_ms);
@@ -530,7 +608,6 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   from->pool_next = spare_pool;
   spare_pool = from;
   pthread_mutex_unlock(&heaps_lock);
-  return true;
 }
 
 /* Calls fn on every heap made and on the global heap, under the heaps lock

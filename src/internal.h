@@ -222,6 +222,8 @@ struct hak_heap_s {
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
+  hak_heap_t* heir_of;                  /* a live heap whose block this thread freed first, */
+                                        /* absorbed on a refill once abandoned (heap.c) */
   uint32_t abandoned_ms;                /* when its thread ended (in the abandoned pool) */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
