@@ -365,19 +365,20 @@ static uint64_t arena_take(arena_chunk_t* ch, unsigned g, unsigned n) {
   return dirty;
 }
 
-/* Gives n granules from g back, dirty and stamped now; purges them at once
- * with a delay of 0, and beyond the budget the oldest. */
-static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) {
+/* Gives n granules from g back, the first `backed` of them dirty (the rest
+ * were purged), stamped now; purges them at once with a delay of 0, and
+ * beyond the budget the oldest. */
+static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, unsigned backed) {
   uint32_t now = hak_now_ms();
   bits_put(ch->free, g, n, true);
-  bits_put(ch->dirty, g, n, true);
+  bits_put(ch->dirty, g, backed, true);
   for (unsigned i = 0; i < n; i++) ch->freed_ms[g + i] = now;
   ch->free_count += n;
   arena_used -= (size_t)n * ARENA_GRANULE;
-  arena_dirty_add((size_t)n * ARENA_GRANULE);
+  arena_dirty_add((size_t)backed * ARENA_GRANULE);
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if (delay == 0) {
-    arena_purge_run(ch, g, n);
+    arena_purge_run(ch, g, backed);
   } else if (delay > 0) {
     arena_purge_over_budget();
     if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) ||
@@ -385,6 +386,8 @@ static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) {
       arena_purge(now, false); /* (notes the oldest) */
   }
 }
+
+static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) { arena_give_some(ch, g, n, n); }
 
 void hak_huge_purge_if_due(uint32_t now_ms) {
   if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed)) return;
@@ -600,6 +603,51 @@ static bool arena_resize(hak_segment_t* seg, size_t total) {
   return true;
 }
 
+/* Granules of a moving block copied between two purges of its old place. */
+#define ARENA_MOVE_BATCH 4
+
+/* Moves an arena block that cannot grow in place to a new run: copies it a
+ * granule at a time and purges its old granules as they are copied (but the
+ * header's), so that the move does not hold both copies resident.  NULL if
+ * the arena cannot serve the new size (the caller copies). */
+static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t total) {
+  pthread_mutex_lock(&huge_lock);
+  size_t peak = arena_used_peak;
+  pthread_mutex_unlock(&huge_lock);
+  uint8_t* q = arena_alloc(off, size, total, false);
+  if (q == NULL) return NULL;
+  uint8_t* base = (uint8_t*)seg;
+  unsigned n = seg->huge_run, pending = 0;
+  /* The two places are never backed at once: the peak in use is what it was
+   * before, or what is in use without the old place, and the dirty granules
+   * beyond what that leaves go before the copy faults in the new place. */
+  pthread_mutex_lock(&huge_lock);
+  size_t without = arena_used - (size_t)n * ARENA_GRANULE;
+  arena_used_peak = peak > without ? peak : without;
+  if (HAK_POLICY(purge_delay_ms) > 0) arena_purge_over_budget();
+  pthread_mutex_unlock(&huge_lock);
+  for (unsigned i = 0; i < n; i++) {
+    size_t lo = i == 0 ? off : (size_t)i * ARENA_GRANULE, hi = (size_t)(i + 1) * ARENA_GRANULE;
+    if (hi > seg->map_size) hi = seg->map_size;
+    if (lo < hi) {
+      HAK_VG_UNDEFINED(q + (lo - off), hi - lo); /* perhaps inside a block freed before */
+      memcpy(q + (lo - off), base + lo, hi - lo);
+    }
+    if (i == 0) continue;
+    if (++pending == ARENA_MOVE_BATCH || i + 1 == n) {
+      hak_os_purge(base + (size_t)(i + 1 - pending) * ARENA_GRANULE, (size_t)pending * ARENA_GRANULE);
+      pending = 0;
+    }
+  }
+  huge_map(seg, false);
+  arena_chunk_t* ch = &arena[seg->huge_chunk];
+  unsigned g = (unsigned)((base - ch->base) / ARENA_GRANULE);
+  pthread_mutex_lock(&huge_lock);
+  arena_give_some(ch, g, n, 1);
+  pthread_mutex_unlock(&huge_lock);
+  return q;
+}
+
 /* Fits a cached mapping to total bytes: keeps the backed tail of a larger one
  * (within HUGE_SPARE_MAX) or trims it, grows a smaller one in place or moves
  * it with mremap, and moves the secure build's tail guard.  NULL if it could
@@ -717,7 +765,7 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   size_t old_total = seg->map_size;
   size_t total = PAGE_UP(off + size);
   if (total == old_total) return p;
-  if (seg->huge_run != 0) return arena_resize(seg, total) ? p : NULL; /* else the caller copies */
+  if (seg->huge_run != 0) return arena_resize(seg, total) ? p : arena_move(seg, off, size, total);
   if (total < old_total || hak_os_remap(base, old_total, total, NULL) != NULL) {
     if (total < old_total) hak_os_unmap(base + total, old_total - total);
     seg->map_size = total;

@@ -287,6 +287,42 @@ static void test_huge_purge(void) {
   CHECK(live_intact());
 }
 
+/* realloc of an arena block grows it in place over the free granules after
+ * it; with a neighbour in the way it moves, contents intact (its old place
+ * purged as it is copied, but for the header's granule); shrinking gives the
+ * granules it no longer needs back. */
+static void test_huge_realloc(void) {
+  malloc_trim(0);
+  char* p = malloc(3 * MIB);
+  REQUIRE(p != NULL);
+  hak_pattern_fill(p, 3 * MIB, 21);
+  char* q = realloc(p, 9 * MIB);
+  REQUIRE(q != NULL);
+#if !HAK_SECURE /* the secure build copies huge blocks on realloc (guard pages) */
+  CHECK(q == p); /* (after a trim, the run after it is free) */
+#endif
+  CHECK(hak_pattern_check(q, 3 * MIB, 21) == 3 * MIB);
+  hak_pattern_fill(q, 9 * MIB, 22);
+  char* wall = malloc(2 * MIB); /* right after q, most likely */
+  REQUIRE(wall != NULL);
+  size_t purged = C(purged_bytes);
+  char* r = realloc(q, 20 * MIB);
+  REQUIRE(r != NULL);
+  CHECK(hak_pattern_check(r, 9 * MIB, 22) == 9 * MIB);
+  if (r != q && wall == q + 10 * MIB) CHECK(C(purged_bytes) - purged >= 8 * MIB);
+  memset(r + 9 * MIB, 1, 11 * MIB);
+  char* s = realloc(r, 3 * MIB);
+  REQUIRE(s != NULL);
+  CHECK(hak_pattern_check(s, 3 * MIB, 22) == 3 * MIB);
+  CHECK(malloc_usable_size(s) < 4 * MIB);
+#if !HAK_SECURE
+  CHECK(s == r);
+#endif
+  free(s);
+  free(wall);
+  CHECK(live_intact());
+}
+
 /* Thousands of huge blocks of every size coming and going leave the kernel's
  * mappings as they were (a chunk more at most): the arena never splits its
  * mappings for good. */
@@ -551,6 +587,7 @@ int main(int argc, char** argv) {
   test_huge_reuse();
   test_huge_coalesce();
   test_huge_purge();
+  test_huge_realloc();
   test_huge_mappings();
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);
