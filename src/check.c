@@ -58,8 +58,10 @@ void hak_heap_check(hak_heap_t* heap) {
       check_page(heap, page);
     }
     CHECK(q->last == prev, "class queue's last");
-    if (hak_class_size[c] <= HAK_SMALL_MAX)
-      CHECK(heap->direct[hak_class_size[c] / 16] == heap->current[c], "direct table");
+    if (c < HAK_DIRECT_CLASSES) {
+      size_t slot = hak_class_size[c] / 16;
+      CHECK(heap->direct[slot < HAK_DIRECT_SLOTS ? slot : HAK_DIRECT_SLOTS - 1] == heap->current[c], "direct table");
+    }
     const hak_page_t* spare = heap->spare[c];
     if (spare != NULL) {
       CHECK(spare->cls == c && spare->used == 0 && spare->reserved <= HAK_SPARE_BLOCKS_MAX, "spare page");

@@ -4,11 +4,13 @@
 
 uint32_t hak_class_size[HAK_CLASSES];
 uint8_t hak_class_units[HAK_CLASSES];
+uint64_t hak_class_magic[HAK_CLASSES];
 
 /* A page should hold at least this many blocks, so that mid-size classes do not
- * churn pages; the tail it cannot use should stay under 1/8 of the page. */
+ * churn pages (with 4 blocks a page of 16-64 KiB blocks ran out every third
+ * malloc); the tail it cannot use should stay under 1/8 of the page. */
 static unsigned units_for(size_t bsize) {
-  unsigned min_blocks = bsize <= 16384 ? 8 : 4;
+  unsigned min_blocks = bsize <= 65536 ? 8 : 4;
   for (unsigned n = 1; n <= 16; n++) {
     size_t bytes = n * HAK_UNIT_SIZE;
     size_t blocks = bytes / bsize;
@@ -22,7 +24,8 @@ void hak_classes_init(void) {
     size_t size = c < 16 ? 16u * (c + 1) : (size_t)((c - 16) % 4 + 5) << ((c - 16) / 4 + 6);
     hak_class_size[c] = (uint32_t)size;
     hak_class_units[c] = (uint8_t)units_for(size);
+    hak_class_magic[c] = hak_div_magic((uint32_t)size);
     hak_assert(hak_class_of(size) == c);
   }
-  hak_assert(hak_class_of(HAK_SMALL_MAX) == HAK_DIRECT_CLASSES - 1);
+  hak_assert(hak_class_of(HAK_DIRECT_MAX) == HAK_DIRECT_CLASSES - 1);
 }

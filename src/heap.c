@@ -45,11 +45,11 @@ void hak_heaps_unlock(void) {
 
 /* ---- current pages -------------------------------------------------------- */
 
-/* The direct slots of a small class (sizes up to HAK_SMALL_MAX, by 16 bytes). */
+/* The direct slots of a small class (sizes up to HAK_DIRECT_MAX, by 16 bytes). */
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   size_t size = hak_class_size[cls];
   size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
-  for (size_t s = lo; s <= size / 16; s++) heap->direct[s] = page;
+  for (size_t s = lo; s <= size / 16 && s < HAK_DIRECT_SLOTS; s++) heap->direct[s] = page;
 }
 
 static void heap_reset_current(hak_heap_t* heap) {
@@ -102,7 +102,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   hak_block_t* b = page->free;
   page->free = hak_block_next(b);
   page->used++;
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -119,7 +119,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
   hak_block_t* b = page->free;
   page->free = NULL;
   page->used = 1;
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -142,7 +142,7 @@ void* hak_heap_alloc_home(hak_heap_t* heap, size_t size) {
     page->home = 1;
     heap->homes++;
   }
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -164,6 +164,7 @@ static void* alloc_slow(hak_heap_t* heap, size_t size) {
 
 void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
   void* p;
+  if (HAK_SECURE && size <= HAK_SIZE_LIMIT) size += HAK_CANARY_SIZE; /* (else ENOMEM below) */
   if (HAK_PROF && heap->kind >= HAK_HEAP_THREAD && unlikely(hak_prof_due(heap, size)))
     p = hak_prof_alloc(heap, size);
   else
@@ -279,7 +280,44 @@ void hak_free_special(void* p) {
   hak_free_slow(seg, hak_page_of(seg, p), p);
 }
 
+static HAK_NOINLINE void free_slow_checked(hak_segment_t* seg, hak_page_t* page, void* p);
+
+/* A block of another thread's heap goes on that heap's remote list. */
+static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t* b) {
+  hak_block_in(page, b);
+#if HAK_OBSERVE
+  hak_heap_t* self = hak_tls_heap;
+  if (self->kind == HAK_HEAP_THREAD) HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
+#endif
+  hak_block_tag(page, b); /* (its link crosses segments: the freed tag marks it) */
+  hak_remote_push(owner, b);
+}
+
+/* Most frees that miss the fast path are of a full page of this thread's heap
+ * (its div_magic is 0 while it is full) or of another thread's heap: those
+ * that start a block of a page are done here, without the checks and the
+ * stack frame of the rest. */
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
+  hak_heap_t* heap = hak_tls_heap;
+  hak_heap_t* owner = hak_segment_heap(seg);
+  if (likely(seg->kind == HAK_SEG_NORMAL && (uint8_t*)p >= hak_page_start(page))) {
+    if (owner == heap) {
+      if (page->in_full && hak_is_block_start_full(page, p)) {
+        hak_block_in(page, (hak_block_t*)p);
+        HAK_OBSERVE_ADD(heap->stats.free_partial[page->cls]);
+        hak_heap_free_local(heap, page, (hak_block_t*)p);
+        return;
+      }
+    } else if (owner != NULL && page->units != 0 && page->cls != HAK_CLASS_LARGE &&
+               hak_is_class_block_start(page, p)) {
+      free_remote(owner, page, (hak_block_t*)p);
+      return;
+    }
+  }
+  free_slow_checked(seg, page, p);
+}
+
+static HAK_NOINLINE void free_slow_checked(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (seg->kind == HAK_SEG_HUGE) {
     if ((uint8_t*)p != (uint8_t*)seg + seg->huge_off) hak_fatal("free of an invalid pointer (inside a huge block)", p);
     if (hak_prof_has_samples()) hak_prof_forget(p);
@@ -289,28 +327,17 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   hak_heap_t* owner = hak_segment_heap(seg);
   if (owner == NULL || page->units == 0 || (uint8_t*)p < hak_page_start(page))
     hak_fatal("free of an invalid pointer (not a block)", p);
-  if (owner == hak_tls_heap && page->in_full && hak_is_block_start_full(page, p)) {
-    hak_block_in(page, (hak_block_t*)p);
-    HAK_OBSERVE_ADD(owner->stats.free_partial[page->cls]);
-    hak_heap_free_local(owner, page, (hak_block_t*)p); /* the common slow free */
-    return;
-  }
   /* The multiply test first: a division costs more than a remote free. */
   hak_block_t* b = hak_is_block_start(page, p) ? (hak_block_t*)p : hak_block_start(page, p);
   if ((void*)b != p && !__atomic_load_n(&page->has_aligned, __ATOMIC_RELAXED))
     hak_fatal("free of an invalid pointer (inside a block)", p);
   if (((void*)b != p || hak_page_is_sampled(page)) && hak_prof_has_samples()) hak_prof_forget(p);
-  hak_block_in(page, b);
   if (owner == hak_tls_heap) {
+    hak_block_in(page, b);
     HAK_OBSERVE_ADD(owner->stats.free_partial[hak_stat_class(page)]);
     hak_heap_free_local(owner, page, b);
   } else {
-#if HAK_OBSERVE
-    hak_heap_t* self = hak_tls_heap;
-    if (self->kind == HAK_HEAP_THREAD)
-      HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
-#endif
-    hak_remote_push(owner, b);
+    free_remote(owner, page, b);
   }
 }
 

@@ -72,7 +72,6 @@ static hak_segment_t* huge_cache_take(size_t total) {
       huge_cache[i].seg = NULL;
       continue;
     }
-    if (HAK_SECURE && seg->map_size < total) continue; /* see huge_fit_cached */
     if (best_slot < 0) {
       best_slot = i;
       continue;
@@ -648,6 +647,51 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
   return q;
 }
 
+#if HAK_SECURE
+/* Grows a guarded cached mapping to total bytes without faulting its backed
+ * pages in anew.  Guarded, it is several kernel mappings (header, head guard,
+ * block, tail guard, perhaps a kept tail after it), which one mremap cannot
+ * resize: the last of them is grown in place if the addresses after it are
+ * free, else the block's pages are moved (and grown) to a new mapping, the
+ * header copied there; then the tail guard is laid at the new end.  NULL if
+ * it could not (the mapping is then gone). */
+static hak_segment_t* huge_grow_guarded(hak_segment_t* seg, size_t total) {
+  uint8_t* base = (uint8_t*)seg;
+  size_t guard_at = (size_t)seg->huge_guard_page * HAK_OS_PAGE, old_size = seg->map_size;
+  size_t last = guard_at + HUGE_GUARD < old_size ? guard_at + HUGE_GUARD : guard_at;
+  if (hak_os_remap(base + last, old_size - last, total - last, NULL) != NULL) {
+    seg->map_size = total;
+    if (!hak_os_unguard(base + guard_at, total - HUGE_GUARD - guard_at)) goto fail;
+  } else {
+    /* The old tail guard made accessible first joins the block and the
+     * kept tail after it into one mapping, all of it moved, and grown to
+     * include the new tail guard: the kernel joins the pieces of one
+     * mapping again when they have the same protection (as when a later
+     * reuse moves the guard), not those of two. */
+    size_t off = HUGE_PLAIN_OFFSET;
+    if (!hak_os_unguard(base + guard_at, HUGE_GUARD)) goto fail;
+    uint8_t* dest = hak_os_map_aligned(total, HAK_SEG_SIZE, 0);
+    if (dest == NULL) goto fail;
+    if (hak_os_remap(base + off, old_size - off, total - off, dest + off) == NULL) {
+      hak_os_unmap(dest, total); /* (the old pages stay where they were) */
+      goto fail;
+    }
+    memcpy(dest, base, sizeof(hak_segment_t));
+    hak_os_unmap(base, off); /* what is left of the old one: header and head guard */
+    base = dest;
+    seg = (hak_segment_t*)dest;
+    seg->map_size = total;
+    if (!hak_os_guard(base + off - HUGE_GUARD, HUGE_GUARD)) goto fail;
+  }
+  seg->huge_guard_page = (uint32_t)((total - HUGE_GUARD) / HAK_OS_PAGE);
+  if (!hak_os_guard(base + total - HUGE_GUARD, HUGE_GUARD)) goto fail;
+  return seg;
+fail:
+  hak_os_unmap(seg, seg->map_size);
+  return NULL;
+}
+#endif
+
 /* Fits a cached mapping to total bytes: keeps the backed tail of a larger one
  * (within HUGE_SPARE_MAX) or trims it, grows a smaller one in place or moves
  * it with mremap, and moves the secure build's tail guard.  NULL if it could
@@ -671,8 +715,9 @@ static hak_segment_t* huge_fit_cached(hak_segment_t* seg, size_t total) {
     }
     return seg;
   }
-  /* (The secure build takes only larger ones: guarded, it is several
-   * mappings, which mremap cannot grow.) */
+#if HAK_SECURE
+  return huge_grow_guarded(seg, total);
+#endif
   if (hak_os_remap(seg, seg->map_size, total, NULL) == NULL) {
     uint8_t* dest = hak_os_map_aligned(total, HAK_SEG_SIZE, 0);
     if (dest == NULL || hak_os_remap(seg, seg->map_size, total, dest) == NULL) {

@@ -69,7 +69,11 @@ void hak_heap_check(struct hak_heap_s* heap);
 #define HAK_CLASSES 52
 #define HAK_CLASS_MAX_SIZE ((size_t)128 * 1024)
 #define HAK_SMALL_MAX 1024                         /* sizes served by heap->direct */
-#define HAK_DIRECT_SLOTS (HAK_SMALL_MAX / 16 + 1)  /* one slot per 16 bytes */
+/* The sizes asked of a class that heap->direct serves, one slot per 16
+ * bytes: the small classes', and in the secure build one slot more, for a
+ * request of 1024 bytes with its canary (served by the class above). */
+#define HAK_DIRECT_MAX (HAK_SMALL_MAX + (HAK_SECURE ? 16 : 0))
+#define HAK_DIRECT_SLOTS (HAK_DIRECT_MAX / 16 + 1)
 #define HAK_CLASS_LARGE 255                        /* single-block pages */
 /* Empty pages a heap keeps for reuse, in units (4 MiB), of which at most
  * 1 MiB in large blocks' pages (4 MiB of those raised the peak RSS of big,
@@ -318,9 +322,10 @@ enum {
  * cannot plant a pointer, and checks each link it follows: one that does not
  * decode to a 16-byte aligned block of the same segment (of some segment, on
  * a remote list) is reported as a corrupted heap.  Every block of a page
- * ends with a canary word while handed out and a freed tag while free,
- * checked when the block is freed: a tag is a double free (wherever the block
- * sits in the free lists), anything else a write past its end.  Fresh blocks
+ * ends with a canary word, checked when the block is freed, and a free block
+ * is known by the link in its first word (or, on another heap's remote list,
+ * by a freed tag in place of its canary): freeing it again is a double free,
+ * any other last word a write past its end (see hak_block_in).  Fresh blocks
  * are handed out in random order, and guard pages follow segment headers and
  * surround huge blocks.  The release build compiles all of it away. */
 #if HAK_SECURE
@@ -328,7 +333,8 @@ enum {
 /* Blocks carved (and shuffled) at a time: at least a page's worth or MIN. */
 #define HAK_SECURE_CARVE_MIN 16
 #define HAK_SECURE_CARVE_MAX 256
-/* Drawn at start (hak_secure_init): the link key, the freed tag's, the canary's. */
+/* Drawn at start (hak_secure_init): the link key, the freed tag's (over the
+ * canary's), the canary's. */
 extern uintptr_t hak_secret[3];
 HAK_COLD __attribute__((noreturn)) void hak_bad_link(const void* at);
 #else
@@ -378,7 +384,7 @@ size_t hak_usable(const void* p);
 HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
   HAK_VG_LINK_OPEN(b);
 #if HAK_SECURE
-  b->link = __builtin_bswap64((uintptr_t)next ^ hak_secret[0]) ^ (uintptr_t)b;
+  b->link = __builtin_bswap64((uintptr_t)next ^ (uintptr_t)b) ^ hak_secret[0];
 #else
   b->link = (uintptr_t)next;
 #endif
@@ -386,18 +392,22 @@ HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
 }
 
 #if HAK_SECURE
-HAK_INLINE uintptr_t hak_link_decode(const hak_block_t* b) {
-  return __builtin_bswap64(b->link ^ (uintptr_t)b) ^ hak_secret[0];
+/* The link's distance: next ^ b (b itself at the end of a list). */
+HAK_INLINE uintptr_t hak_link_delta(const hak_block_t* b) {
+  return __builtin_bswap64(b->link ^ hak_secret[0]);
 }
 #endif
 
 /* The next block of a page's free list (all in one segment). */
 HAK_INLINE hak_block_t* hak_block_next(const hak_block_t* b) {
 #if HAK_SECURE
-  uintptr_t next = hak_link_decode(b);
-  if (unlikely(next != 0 && (((next ^ (uintptr_t)b) & ~(uintptr_t)HAK_SEG_MASK) | (next & 15)) != 0))
-    hak_bad_link(b);
-  return (hak_block_t*)next;
+  /* b is 16-byte aligned, so one mask of next ^ b tests both that next is in
+   * b's segment and that it is aligned; the end of the list (next == 0)
+   * fails that test and is let through second, which keeps the usual case
+   * to one branch. */
+  uintptr_t delta = hak_link_delta(b);
+  if (unlikely((delta & (~(uintptr_t)HAK_SEG_MASK | 15)) != 0) && delta != (uintptr_t)b) hak_bad_link(b);
+  return (hak_block_t*)(delta ^ (uintptr_t)b);
 #elif HAK_VALGRIND
   HAK_VG_LINK_OPEN(b);
   uintptr_t next = b->link;
@@ -450,8 +460,8 @@ HAK_INLINE void hak_heap_empty_remove(hak_heap_t* heap, hak_page_t* page) {
 }
 
 /* The class's current page is the first of its queue; the direct slots of
- * the small classes (those up to HAK_SMALL_MAX) point at it too. */
-#define HAK_DIRECT_CLASSES 24 /* hak_class_of(HAK_SMALL_MAX) + 1 */
+ * the small classes (those up to HAK_DIRECT_MAX) point at it too. */
+#define HAK_DIRECT_CLASSES (24 + HAK_SECURE) /* hak_class_of(HAK_DIRECT_MAX) + 1 */
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
 HAK_INLINE void hak_heap_use_page(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   heap->current[cls] = page;
@@ -532,6 +542,16 @@ HAK_INLINE bool hak_is_block_start_full(const hak_page_t* page, const void* p) {
   return (uint64_t)off * page->full_magic < page->full_magic;
 }
 
+/* The same test for a page of a size class, by its class's magic: what a
+ * remote free reads of the page (start, class) does not change while the
+ * block is out, whatever state the owner moves the page through. */
+extern uint64_t hak_class_magic[HAK_CLASSES];
+HAK_INLINE bool hak_is_class_block_start(const hak_page_t* page, const void* p) {
+  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)hak_page_start(page));
+  uint64_t magic = hak_class_magic[page->cls];
+  return (uint64_t)off * magic < magic;
+}
+
 /* The start of the block holding p (p may point inside an aligned block). */
 HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
   size_t off = (size_t)((const uint8_t*)p - hak_page_start(page));
@@ -543,7 +563,7 @@ HAK_COLD __attribute__((noreturn)) void hak_double_free(const hak_page_t* page, 
 /* The next block of a heap's remote list (blocks of any of its segments). */
 HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 #if HAK_SECURE
-  uintptr_t next = hak_link_decode(b);
+  uintptr_t next = hak_link_delta(b) ^ (uintptr_t)b;
   if (unlikely(next != 0 && ((next & 15) != 0 || hak_segmap_get((void*)next) != HAK_MAP_SEGMENT)))
     hak_bad_link(b);
   return (hak_block_t*)next;
@@ -553,33 +573,63 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 }
 
 #if HAK_SECURE
-/* The last word of a block: its canary while handed out, its freed tag while
- * free (each the block's address under a secret of its own). */
+/* A block's two marks.  Its first word tells a free block: there, and only
+ * there, is an encoded link, which decodes to a block of the same segment
+ * or ends the list; malloc clears it when it hands the block out.  (A
+ * program cannot write such a word but by chance, 1 in 2^47, or by copying
+ * one out of a freed block.)  Its last word is its canary, the block's
+ * address under a secret, laid when the block is carved (and when the slow
+ * paths hand a block out: a large block's end moves with its page), and
+ * checked, not rewritten, by every free: malloc's fast path thus touches
+ * only the block's first line.  A block freed to another thread's heap
+ * sits on a list whose links cross segments; its canary is turned into the
+ * freed tag (the canary under a second secret) until its owner collects it
+ * and lays the canary again. */
 HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
 HAK_INLINE uintptr_t hak_canary_word(const void* b) { return (uintptr_t)b ^ hak_secret[2]; }
-HAK_INLINE uintptr_t hak_freed_word(const void* b) { return (uintptr_t)b ^ hak_secret[1]; }
+HAK_INLINE uintptr_t hak_freed_word(const void* b) { return hak_canary_word(b) ^ hak_secret[1]; }
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
   *hak_canary_at(page, b) = hak_canary_word(b);
 }
-#define hak_block_out(page, b) hak_canary_set(page, b)
-HAK_COLD __attribute__((noreturn)) void hak_bad_canary(const hak_page_t* page, const void* b);
-/* A block the program frees: its canary intact (else it was freed already,
- * or written past its end); tagged freed. */
-HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
-  uintptr_t* last = hak_canary_at(page, b);
-  if (unlikely(*last != hak_canary_word(b))) hak_bad_canary(page, b);
-  *last = hak_freed_word(b);
+/* Whether b's first word is a link of a page's free list: a block of its
+ * segment (tested as in hak_block_next) or the end. */
+HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
+  uintptr_t delta = hak_link_delta(b);
+  return (delta & (~(uintptr_t)HAK_SEG_MASK | 15)) == 0 || delta == (uintptr_t)b;
 }
+/* Handed out by malloc's fast path (its canary stands since it was carved
+ * or last checked), by the slow paths. */
+#define hak_block_out(page, b) ((void)(page), (b)->link = 0)
+HAK_INLINE void hak_block_out_slow(const hak_page_t* page, hak_block_t* b) {
+  b->link = 0;
+  hak_canary_set(page, b);
+}
+/* Reports a block freed that is linked or whose canary is not intact. */
+HAK_COLD __attribute__((noreturn)) void hak_bad_free(const hak_page_t* page, const void* b);
+/* A block the program frees: not linked (else it is free already), its
+ * canary intact (else it was freed to another thread, or written past its
+ * end).  (One report call for both: the fast path then needs no frame.) */
+HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
+  if (unlikely(hak_block_linked(b)) || unlikely(*hak_canary_at(page, b) != hak_canary_word(b)))
+    hak_bad_free(page, b);
+}
+/* Freed to another thread's heap: tagged, until collected. */
+#define hak_block_tag(page, b) ((void)(*hak_canary_at(page, b) = hak_freed_word(b)))
+#define hak_block_collected(page, b) hak_canary_set(page, b)
 #else
 #define hak_canary_set(page, b) ((void)0)
 #define hak_block_out(page, b) ((void)0)
+#define hak_block_out_slow(page, b) ((void)0)
 #define hak_block_in(page, b) ((void)0)
+#define hak_block_tag(page, b) ((void)0)
+#define hak_block_collected(page, b) ((void)0)
 #endif
 
 /* ---- slow paths (out of line) ------------------------------------------- */
 
+/* (size as the program asked: the secure build adds its canary's bytes.) */
 void* hak_alloc_slow(hak_heap_t* heap, size_t size);
 void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size);
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
@@ -601,19 +651,19 @@ HAK_COLD void hak_free_special(void* p);
 HAK_INLINE void* hak_alloc_inline(size_t size) {
   hak_heap_t* heap = hak_tls_heap;
   hak_page_t* page;
-#if HAK_SECURE
-  if (unlikely(size > HAK_SIZE_LIMIT)) return hak_alloc_slow(heap, size); /* ENOMEM */
-  size += HAK_CANARY_SIZE;
-#endif
-  if (likely(size <= HAK_SMALL_MAX)) {
-    page = heap->direct[(size + 15) >> 4];
-  } else if (size <= HAK_CLASS_MAX_SIZE) {
-    page = heap->current[hak_class_of(size)];
+  /* The bytes asked of a class: with the canary's (the comparisons are on
+   * size itself, so that a size near SIZE_MAX cannot wrap past them; the
+   * slow path is given size and adds the canary itself). */
+  size_t need = size + HAK_CANARY_SIZE;
+  if (likely(size <= HAK_DIRECT_MAX - HAK_CANARY_SIZE)) {
+    page = heap->direct[(need + 15) >> 4];
+  } else if (size <= HAK_CLASS_MAX_SIZE - HAK_CANARY_SIZE) {
+    page = heap->current[hak_class_of(need)];
   } else {
     return hak_alloc_slow(heap, size);
   }
   hak_block_t* b = page->free;
-  if (likely(b != NULL && HAK_PROF_COUNTDOWN(heap, size))) {
+  if (likely(b != NULL && HAK_PROF_COUNTDOWN(heap, need))) {
     page->free = hak_block_next(b);
     page->used++;
     hak_block_out(page, b);
@@ -641,7 +691,9 @@ HAK_INLINE void hak_free_inline(void* p) {
              hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
     hak_block_t* head = page->free;
-    if (unlikely(b == head)) hak_double_free(page, p); /* the block freed last, again */
+    /* The block freed last, again (the secure build's canary check, next,
+     * finds every double free, this one included). */
+    if (!HAK_SECURE && unlikely(b == head)) hak_double_free(page, p);
     hak_block_in(page, b);
     hak_block_set_next(b, head);
     page->free = b;

@@ -88,7 +88,9 @@ void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed) {
   errno = saved;
   hak_count(mremap_calls, 1);
   if (p == MAP_FAILED) return NULL;
-  if (new_size >= old_size)
+  if (fixed) /* the caller's reservation there is replaced: old_size bytes fewer in all */
+    atomic_fetch_sub_explicit(&hak_counters.mapped_bytes, old_size, memory_order_relaxed);
+  else if (new_size >= old_size)
     hak_count(mapped_bytes, new_size - old_size);
   else
     atomic_fetch_sub_explicit(&hak_counters.mapped_bytes, old_size - new_size, memory_order_relaxed);

@@ -31,16 +31,17 @@ static void test_size_classes(void) {
     if (n > HAK_CLASS_STEP_MAX && (bs - n) * 5 > bs) bad++;     /* waste at most 1/5 */
   }
   CHECK(bad == 0);
-  /* The heap's direct table (what malloc reads for sizes up to 1 KiB) points
-   * every size at the current page of its class: with a live block in every
-   * small class, those pages are all distinct. */
+  /* The heap's direct table (what malloc reads for sizes up to 1 KiB, with
+   * the secure build's canary) points every size at the current page of its
+   * class: with a live block in every class it serves, those pages are all
+   * distinct. */
   void* live[HAK_CLASSES];
   unsigned nlive = 0;
-  for (unsigned c = 0; c < HAK_CLASSES && hak_class_size[c] <= HAK_SMALL_MAX; c++)
+  for (unsigned c = 0; c < HAK_DIRECT_CLASSES; c++)
     live[nlive++] = hak_malloc(hak_class_size[c] - HAK_CANARY_SIZE);
   hak_heap_t* heap = hak_tls_heap;
   int wrong = 0;
-  for (size_t n = 0; n <= HAK_SMALL_MAX; n++) {
+  for (size_t n = 0; n <= HAK_DIRECT_MAX; n++) {
     hak_page_t* page = heap->current[hak_class_of(n)];
     if (page == &hak_page_empty || heap->direct[(n + 15) >> 4] != page) wrong++;
   }
