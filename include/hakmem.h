@@ -58,7 +58,7 @@ typedef struct hak_stats_s {
   size_t committed_bytes;      /* of it, in use or kept backed now (an upper bound of hakmem's RSS) */
   size_t peak_committed_bytes; /* the most committed at once */
   size_t live_bytes;           /* in blocks handed out (their block sizes) and huge mappings */
-  size_t huge_allocs;          /* huge mappings made (counter) */
+  size_t huge_allocs;          /* huge blocks made: arena runs taken and mappings of their own (counter) */
   size_t huge_live, huge_live_bytes;
   size_t segments, cached_segments, heaps;
   size_t remote_frees;         /* blocks freed by another thread than the owner's, collected (counter) */

@@ -1,8 +1,14 @@
-/* Huge blocks: above HAK_LARGE_MAX a block gets a mapping of its own, laid
- * out as a segment (header at a 2 MiB boundary, so free finds it by the same
- * mask), and realloc grows or moves it with mremap instead of copying.  Freed
- * mappings are kept briefly (bounded in bytes and age) so that a program that
- * allocates and frees a big buffer in a loop maps nothing per cycle. */
+/* Huge blocks: above HAK_LARGE_MAX a block is laid out as a segment (header
+ * at a 2 MiB boundary, so free finds it by the same mask).  Up to
+ * ARENA_RUN_MAX granules it takes a run of 2 MiB granules of the huge-block
+ * arena: chunks of address space reserved ARENA_CHUNK at a time, whose free
+ * granules coalesce by construction and stay backed (dirty) until the purge
+ * delay or the dirty budget gives them back, so that a program that frees
+ * and allocates big buffers faults in nothing and maps nothing.  Larger
+ * blocks, blocks aligned to 2 MiB or more, and every block when the arena
+ * cannot reserve (an address-space limit) get a mapping of their own, which
+ * realloc grows or moves with mremap; freed, such mappings are kept briefly
+ * (bounded in bytes and age). */
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
@@ -26,6 +32,7 @@ typedef struct huge_cached_s {
 static pthread_mutex_t huge_lock = PTHREAD_MUTEX_INITIALIZER;
 static huge_cached_t huge_cache[HUGE_CACHE_SLOTS];
 static size_t huge_cache_bytes;
+static size_t arena_dirty; /* bytes of the arena's dirty granules (below) */
 static _Atomic size_t huge_spare_bytes; /* the kept tails of live huge blocks */
 
 /* Drops the block's kept tail from the count (it is freed, or resized exactly). */
@@ -97,10 +104,10 @@ static int huge_cache_oldest(void) {
   return oldest;
 }
 
-/* Bytes of the mappings cached (statistics). */
+/* Bytes of the mappings cached and of the arena's dirty granules (statistics). */
 size_t hak_huge_cached_bytes(void) {
   pthread_mutex_lock(&huge_lock);
-  size_t bytes = huge_cache_bytes;
+  size_t bytes = huge_cache_bytes + arena_dirty;
   pthread_mutex_unlock(&huge_lock);
   return bytes;
 }
@@ -108,7 +115,9 @@ size_t hak_huge_cached_bytes(void) {
 /* Unmaps every cached mapping (malloc_trim, and a mapping that failed:
  * under an address-space limit the cache holds what the next one needs).
  * Returns whether it unmapped any. */
+static bool arena_flush(void);
 bool hak_huge_cache_flush(void) {
+  bool arena_gave = arena_flush();
   hak_segment_t* cached[HUGE_CACHE_SLOTS];
   int n = 0;
   pthread_mutex_lock(&huge_lock);
@@ -120,7 +129,7 @@ bool hak_huge_cache_flush(void) {
   huge_cache_bytes = 0;
   pthread_mutex_unlock(&huge_lock);
   for (int i = 0; i < n; i++) hak_os_unmap(cached[i], cached[i]->map_size);
-  return n != 0;
+  return n != 0 || arena_gave;
 }
 
 /* Keeps a freed mapping, evicting the oldest if the cache is full. */
@@ -151,6 +160,280 @@ static void huge_cache_put(hak_segment_t* seg) {
 }
 
 #define PAGE_UP(x) (((x) + HAK_OS_PAGE - 1) & ~(size_t)(HAK_OS_PAGE - 1))
+
+/* ---- the arena ------------------------------------------------------------
+ *
+ * Each chunk is one mapping of ARENA_CHUNK bytes (MAP_NORESERVE, 2 MiB
+ * aligned), carved in granules of one segment.  Two bitmaps per chunk: free
+ * granules, and of those the ones still backed (dirty), each stamped with the
+ * time it was freed.  Everything is under huge_lock. */
+#define ARENA_GRANULE HAK_SEG_SIZE
+#define ARENA_CHUNK ((size_t)256 << 20)
+#define ARENA_GRANULES ((unsigned)(ARENA_CHUNK / ARENA_GRANULE)) /* 128 */
+#define ARENA_WORDS (ARENA_GRANULES / 64)
+#define ARENA_CHUNKS_MAX 64
+/* Blocks of more granules (64 MiB) get mappings of their own. */
+#define ARENA_RUN_MAX (ARENA_GRANULES / 4)
+/* The dirty granules stay within what the most granules ever in use at once
+ * (since the last trim) leaves beside those in use now, so that the arena's
+ * backed memory does not exceed its peak in use; and within ARENA_DIRTY_MAX.
+ * Beyond, the oldest are purged, at frees and at allocations (with a purge
+ * delay of -1, none are).  docs/BENCHMARKS.md has the variants measured. */
+#define ARENA_DIRTY_MAX ((size_t)128 << 20)
+
+typedef struct arena_chunk_s {
+  uint8_t* base; /* NULL: unused slot */
+  unsigned free_count;
+  uint64_t free[ARENA_WORDS];
+  uint64_t dirty[ARENA_WORDS]; /* free and still backed */
+  uint32_t freed_ms[ARENA_GRANULES];
+} arena_chunk_t;
+
+static arena_chunk_t arena[ARENA_CHUNKS_MAX];
+static unsigned arena_slots;          /* [0, arena_slots) have been used */
+static size_t arena_used, arena_used_peak; /* bytes of granules in use, and the most */
+static _Atomic bool arena_has_dirty;  /* read unlocked: a purge may be due */
+static _Atomic uint32_t arena_oldest_ms; /* the oldest dirty granule's stamp */
+
+static inline bool bit_get(const uint64_t* w, unsigned i) { return (w[i >> 6] >> (i & 63)) & 1; }
+static void bits_put(uint64_t* w, unsigned i, unsigned n, bool on) {
+  for (unsigned k = i; k < i + n; k++) {
+    if (on)
+      w[k >> 6] |= (uint64_t)1 << (k & 63);
+    else
+      w[k >> 6] &= ~((uint64_t)1 << (k & 63));
+  }
+}
+
+static void arena_dirty_add(size_t bytes) { arena_dirty += bytes; }
+static void arena_dirty_sub(size_t bytes) { arena_dirty -= bytes; }
+
+static bool purge_is_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
+  return delay >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)delay) >= 0;
+}
+
+/* Gives back the memory of n dirty granules from g: one madvise. */
+static void arena_purge_run(arena_chunk_t* ch, unsigned g, unsigned n) {
+  hak_os_purge(ch->base + (size_t)g * ARENA_GRANULE, (size_t)n * ARENA_GRANULE);
+  bits_put(ch->dirty, g, n, false);
+  arena_dirty_sub((size_t)n * ARENA_GRANULE);
+}
+
+/* Notes the oldest dirty granule's stamp for hak_huge_purge_if_due. */
+static void arena_note_oldest(void) {
+  bool any = false;
+  uint32_t oldest = 0;
+  for (unsigned c = 0; c < arena_slots && arena_dirty != 0; c++) {
+    arena_chunk_t* ch = &arena[c];
+    if (ch->base == NULL) continue;
+    for (unsigned g = 0; g < ARENA_GRANULES; g++)
+      if (bit_get(ch->dirty, g) && (!any || (int32_t)(ch->freed_ms[g] - oldest) < 0)) {
+        oldest = ch->freed_ms[g];
+        any = true;
+      }
+  }
+  atomic_store_explicit(&arena_oldest_ms, oldest, memory_order_relaxed);
+  atomic_store_explicit(&arena_has_dirty, any, memory_order_relaxed);
+}
+
+/* Purges the dirty granules that have waited the delay (all of them if all),
+ * one madvise per run of them. */
+static void arena_purge(uint32_t now_ms, bool all) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  for (unsigned c = 0; c < arena_slots && arena_dirty != 0; c++) {
+    arena_chunk_t* ch = &arena[c];
+    if (ch->base == NULL) continue;
+    for (unsigned g = 0; g < ARENA_GRANULES;) {
+      if (!bit_get(ch->dirty, g) || !(all || purge_is_due(ch->freed_ms[g], now_ms, delay))) {
+        g++;
+        continue;
+      }
+      unsigned s = g;
+      while (g < ARENA_GRANULES && bit_get(ch->dirty, g) && (all || purge_is_due(ch->freed_ms[g], now_ms, delay)))
+        g++;
+      arena_purge_run(ch, s, g - s);
+    }
+  }
+  arena_note_oldest();
+}
+
+/* The dirty bytes allowed now. */
+static size_t arena_budget(void) {
+  size_t room = arena_used_peak - arena_used;
+  return room < ARENA_DIRTY_MAX ? room : ARENA_DIRTY_MAX;
+}
+
+/* Beyond the dirty budget: purges the granules freed longest ago, a run of
+ * those freed together at a time (its high end first, no more than the
+ * excess). */
+static void arena_purge_over_budget(void) {
+  size_t budget = arena_budget();
+  while (arena_dirty > budget) {
+    arena_chunk_t* oldest = NULL;
+    unsigned at = 0;
+    for (unsigned c = 0; c < arena_slots; c++) {
+      arena_chunk_t* ch = &arena[c];
+      if (ch->base == NULL) continue;
+      for (unsigned g = 0; g < ARENA_GRANULES; g++)
+        if (bit_get(ch->dirty, g) && (oldest == NULL || (int32_t)(ch->freed_ms[g] - oldest->freed_ms[at]) < 0)) {
+          oldest = ch;
+          at = g;
+        }
+    }
+    if (oldest == NULL) break;
+    unsigned end = at;
+    while (end < ARENA_GRANULES && bit_get(oldest->dirty, end) && oldest->freed_ms[end] == oldest->freed_ms[at]) end++;
+    size_t excess = (arena_dirty - budget + ARENA_GRANULE - 1) / ARENA_GRANULE;
+    unsigned n = end - at < excess ? end - at : (unsigned)excess;
+    arena_purge_run(oldest, end - n, n);
+  }
+}
+
+/* Reserves a chunk; false if the slots are used up or the system refuses
+ * (the caller then maps the block on its own). */
+static bool arena_grow(unsigned* slot) {
+  unsigned c = 0;
+  while (c < arena_slots && arena[c].base != NULL) c++;
+  if (c == ARENA_CHUNKS_MAX) return false;
+  uint8_t* base = hak_os_map_aligned(ARENA_CHUNK, ARENA_GRANULE, 0);
+  if (base == NULL) return false;
+  hak_os_thp(base, ARENA_CHUNK);
+  arena_chunk_t* ch = &arena[c];
+  memset(ch, 0, sizeof *ch);
+  ch->base = base;
+  ch->free_count = ARENA_GRANULES;
+  bits_put(ch->free, 0, ARENA_GRANULES, true);
+  if (c == arena_slots) arena_slots++;
+  *slot = c;
+  return true;
+}
+
+/* The best place for n granules: the window of a free run with the most
+ * dirty granules (no page faults), then one at an end of its run (the rest
+ * stays whole), then in the shortest run (best fit).  False if none. */
+static bool arena_find(unsigned n, unsigned* chunk, unsigned* start) {
+  bool found = false;
+  unsigned best_dirty = 0, best_len = 0;
+  bool best_edge = false;
+  for (unsigned c = 0; c < arena_slots; c++) {
+    arena_chunk_t* ch = &arena[c];
+    if (ch->base == NULL || ch->free_count < n) continue;
+    for (unsigned g = 0; g < ARENA_GRANULES;) {
+      if (!bit_get(ch->free, g)) {
+        g++;
+        continue;
+      }
+      unsigned s = g;
+      while (g < ARENA_GRANULES && bit_get(ch->free, g)) g++;
+      unsigned e = g, len = e - s;
+      if (len < n) continue;
+      unsigned d = 0;
+      for (unsigned k = s; k < s + n; k++) d += bit_get(ch->dirty, k);
+      for (unsigned w = s;; w++) {
+        bool edge = w == s || w + n == e;
+        bool better = !found || d > best_dirty ||
+                      (d == best_dirty && (edge > best_edge || (edge == best_edge && len < best_len)));
+        if (better) {
+          found = true;
+          best_dirty = d;
+          best_edge = edge;
+          best_len = len;
+          *chunk = c;
+          *start = w;
+        }
+        if (w + n == e) break;
+        d += (unsigned)bit_get(ch->dirty, w + n) - (unsigned)bit_get(ch->dirty, w);
+      }
+    }
+  }
+  return found;
+}
+
+/* Takes n free granules from g; returns the mask of those that were dirty
+ * (bit i: granule g + i). */
+static uint64_t arena_take(arena_chunk_t* ch, unsigned g, unsigned n) {
+  uint64_t dirty = 0;
+  for (unsigned i = 0; i < n; i++)
+    if (bit_get(ch->dirty, g + i)) dirty |= (uint64_t)1 << i;
+  bits_put(ch->free, g, n, false);
+  bits_put(ch->dirty, g, n, false);
+  ch->free_count -= n;
+  arena_used += (size_t)n * ARENA_GRANULE;
+  if (arena_used > arena_used_peak) arena_used_peak = arena_used;
+  arena_dirty_sub((size_t)__builtin_popcountll(dirty) * ARENA_GRANULE);
+  return dirty;
+}
+
+/* Gives n granules from g back, the first `backed` of them dirty (the rest
+ * were purged), stamped now; purges them at once with a delay of 0, and
+ * beyond the budget the oldest. */
+static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, unsigned backed) {
+  uint32_t now = hak_now_ms();
+  bits_put(ch->free, g, n, true);
+  bits_put(ch->dirty, g, backed, true);
+  for (unsigned i = 0; i < n; i++) ch->freed_ms[g + i] = now;
+  ch->free_count += n;
+  arena_used -= (size_t)n * ARENA_GRANULE;
+  arena_dirty_add((size_t)backed * ARENA_GRANULE);
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  if (delay == 0) {
+    arena_purge_run(ch, g, backed);
+  } else if (delay > 0) {
+    arena_purge_over_budget();
+    if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) ||
+        purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now, delay))
+      arena_purge(now, false); /* (notes the oldest) */
+  }
+}
+
+static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) { arena_give_some(ch, g, n, n); }
+
+void hak_huge_purge_if_due(uint32_t now_ms) {
+  if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed)) return;
+  if (!purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now_ms,
+                    HAK_POLICY(purge_delay_ms)))
+    return;
+  pthread_mutex_lock(&huge_lock);
+  arena_purge(now_ms, false);
+  pthread_mutex_unlock(&huge_lock);
+}
+
+/* Purges every dirty granule and unmaps the chunks with nothing in use
+ * (malloc_trim, and a mapping that failed).  Returns whether it gave back
+ * anything. */
+static bool arena_flush(void) {
+  uint8_t* unmap[ARENA_CHUNKS_MAX];
+  unsigned nunmap = 0;
+  pthread_mutex_lock(&huge_lock);
+  bool any = arena_dirty != 0;
+  for (unsigned c = 0; c < arena_slots; c++) {
+    arena_chunk_t* ch = &arena[c];
+    if (ch->base == NULL || ch->free_count != ARENA_GRANULES) continue;
+    unmap[nunmap++] = ch->base;
+    for (unsigned g = 0; g < ARENA_GRANULES; g++)
+      if (bit_get(ch->dirty, g)) arena_dirty_sub(ARENA_GRANULE);
+    ch->base = NULL;
+  }
+  arena_purge(0, true);
+  arena_used_peak = arena_used; /* a new start for the budget */
+  pthread_mutex_unlock(&huge_lock);
+  for (unsigned i = 0; i < nunmap; i++) hak_os_unmap(unmap[i], ARENA_CHUNK);
+  return any || nunmap != 0;
+}
+
+void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_bytes) {
+  pthread_mutex_lock(&huge_lock);
+  size_t n = 0, fb = 0;
+  for (unsigned c = 0; c < arena_slots; c++)
+    if (arena[c].base != NULL) {
+      n++;
+      fb += (size_t)arena[c].free_count * ARENA_GRANULE;
+    }
+  *reserved = n * ARENA_CHUNK;
+  *dirty_bytes = arena_dirty;
+  *free_bytes = fb;
+  pthread_mutex_unlock(&huge_lock);
+}
 
 /* The secure build puts a guard page before the block (after the header)
  * and one after it, at the end of the mapping. */
@@ -206,6 +489,162 @@ static void huge_map(hak_segment_t* seg, bool on) {
 static uint8_t* huge_map_aligned(size_t total, size_t align) {
   return align <= HAK_SEG_SIZE ? hak_os_map_aligned(total, HAK_SEG_SIZE, 0)
                                : hak_os_map_aligned(total, align, HAK_SEG_SIZE);
+}
+
+/* A block from the arena: header at the start of a run of granules, block at
+ * off, extent total.  NULL if the arena cannot serve it (the caller maps it
+ * on its own). */
+static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
+  size_t runs = (total + ARENA_GRANULE - 1) / ARENA_GRANULE;
+  if (runs > ARENA_RUN_MAX) return NULL;
+  unsigned n = (unsigned)runs, c, g;
+  pthread_mutex_lock(&huge_lock);
+  if (!arena_find(n, &c, &g)) {
+    if (!arena_grow(&c)) {
+      pthread_mutex_unlock(&huge_lock);
+      return NULL;
+    }
+    g = 0;
+  }
+  arena_chunk_t* ch = &arena[c];
+  uint64_t dirty = arena_take(ch, g, n);
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  if (delay > 0) {
+    arena_purge_over_budget();
+    uint32_t now = hak_now_ms();
+    if (atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) &&
+        purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now, delay))
+      arena_purge(now, false);
+  }
+  uint8_t* base = ch->base + (size_t)g * ARENA_GRANULE;
+  pthread_mutex_unlock(&huge_lock);
+  hak_segment_t* seg = (hak_segment_t*)base;
+  HAK_VG_UNDEFINED(seg, HAK_SEG_HDR_SIZE); /* perhaps inside a block freed before */
+  memset(seg, 0, 64); /* the header's first line: whatever was here before */
+  seg->kind = HAK_SEG_HUGE;
+  seg->map_size = total;
+  seg->huge_off = (uint32_t)off;
+  seg->huge_run = n;
+  seg->huge_chunk = c;
+  if (!huge_guard(seg, off, total)) {
+    if (HAK_SECURE) { /* (a guard that failed may still have split the chunk) */
+      hak_os_unguard(base + off - HUGE_GUARD, HUGE_GUARD);
+      hak_os_unguard(base + total - HUGE_GUARD, HUGE_GUARD);
+    }
+    pthread_mutex_lock(&huge_lock);
+    arena_give(ch, g, n);
+    pthread_mutex_unlock(&huge_lock);
+    return NULL;
+  }
+  if (zero) {
+    /* Purged granules read as zero (after MADV_DONTNEED, not MADV_FREE). */
+    bool all = HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED;
+    uint8_t* block = base + off;
+    for (unsigned i = 0; i < n; i++) {
+      if (!all && !(dirty >> i & 1)) continue;
+      uint8_t* lo = base + (size_t)i * ARENA_GRANULE;
+      uint8_t* hi = lo + ARENA_GRANULE;
+      if (lo < block) lo = block;
+      if (hi > block + size) hi = block + size;
+      if (lo < hi) {
+        HAK_VG_UNDEFINED(lo, (size_t)(hi - lo));
+        memset(lo, 0, (size_t)(hi - lo));
+      }
+    }
+  }
+  huge_map(seg, true);
+  hak_count(huge_allocs, 1);
+  return base + off;
+}
+
+/* Gives an arena block's granules back. */
+static void arena_free(hak_segment_t* seg) {
+  if (HAK_SECURE) { /* the chunk becomes one mapping again */
+    hak_os_unguard((uint8_t*)seg + seg->huge_off - HUGE_GUARD, HUGE_GUARD);
+    hak_os_unguard((uint8_t*)seg + (size_t)seg->huge_guard_page * HAK_OS_PAGE, HUGE_GUARD);
+  }
+  arena_chunk_t* ch = &arena[seg->huge_chunk];
+  unsigned g = (unsigned)(((uint8_t*)seg - ch->base) / ARENA_GRANULE), n = seg->huge_run;
+  pthread_mutex_lock(&huge_lock);
+  arena_give(ch, g, n);
+  pthread_mutex_unlock(&huge_lock);
+}
+
+/* Resizes an arena block in place: within its run, or over the free granules
+ * after it (shrinking gives the granules it no longer needs back).  False if
+ * the granules after it are not free. */
+static bool arena_resize(hak_segment_t* seg, size_t total) {
+  size_t runs = (total + ARENA_GRANULE - 1) / ARENA_GRANULE;
+  unsigned n = seg->huge_run;
+  arena_chunk_t* ch = &arena[seg->huge_chunk];
+  unsigned g = (unsigned)(((uint8_t*)seg - ch->base) / ARENA_GRANULE);
+  if (runs > n) {
+    if (runs > ARENA_RUN_MAX || g + runs > ARENA_GRANULES) return false;
+    pthread_mutex_lock(&huge_lock);
+    bool room = true;
+    for (unsigned k = g + n; k < g + runs && room; k++) room = bit_get(ch->free, k);
+    if (room) arena_take(ch, g + n, (unsigned)runs - n);
+    pthread_mutex_unlock(&huge_lock);
+    if (!room) return false;
+  } else if (runs < n) {
+    pthread_mutex_lock(&huge_lock);
+    arena_give(ch, g + (unsigned)runs, n - (unsigned)runs);
+    pthread_mutex_unlock(&huge_lock);
+  }
+  seg->huge_run = (uint32_t)runs;
+  if (total > seg->map_size) {
+    hak_count(huge_live_bytes, total - seg->map_size);
+    hak_committed_add(0); /* a new peak, perhaps */
+  } else {
+    hak_uncount(huge_live_bytes, seg->map_size - total);
+  }
+  seg->map_size = total;
+  return true;
+}
+
+/* Granules of a moving block copied between two purges of its old place. */
+#define ARENA_MOVE_BATCH 4
+
+/* Moves an arena block that cannot grow in place to a new run: copies it a
+ * granule at a time and purges its old granules as they are copied (but the
+ * header's), so that the move does not hold both copies resident.  NULL if
+ * the arena cannot serve the new size (the caller copies). */
+static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t total) {
+  pthread_mutex_lock(&huge_lock);
+  size_t peak = arena_used_peak;
+  pthread_mutex_unlock(&huge_lock);
+  uint8_t* q = arena_alloc(off, size, total, false);
+  if (q == NULL) return NULL;
+  uint8_t* base = (uint8_t*)seg;
+  unsigned n = seg->huge_run, pending = 0;
+  /* The two places are never backed at once: the peak in use is what it was
+   * before, or what is in use without the old place, and the dirty granules
+   * beyond what that leaves go before the copy faults in the new place. */
+  pthread_mutex_lock(&huge_lock);
+  size_t without = arena_used - (size_t)n * ARENA_GRANULE;
+  arena_used_peak = peak > without ? peak : without;
+  if (HAK_POLICY(purge_delay_ms) > 0) arena_purge_over_budget();
+  pthread_mutex_unlock(&huge_lock);
+  for (unsigned i = 0; i < n; i++) {
+    size_t lo = i == 0 ? off : (size_t)i * ARENA_GRANULE, hi = (size_t)(i + 1) * ARENA_GRANULE;
+    if (hi > seg->map_size) hi = seg->map_size;
+    if (lo < hi) {
+      HAK_VG_UNDEFINED(q + (lo - off), hi - lo); /* perhaps inside a block freed before */
+      memcpy(q + (lo - off), base + lo, hi - lo);
+    }
+    if (i == 0) continue;
+    if (++pending == ARENA_MOVE_BATCH || i + 1 == n) {
+      hak_os_purge(base + (size_t)(i + 1 - pending) * ARENA_GRANULE, (size_t)pending * ARENA_GRANULE);
+      pending = 0;
+    }
+  }
+  huge_map(seg, false);
+  arena_chunk_t* ch = &arena[seg->huge_chunk];
+  unsigned g = (unsigned)((base - ch->base) / ARENA_GRANULE);
+  pthread_mutex_lock(&huge_lock);
+  arena_give_some(ch, g, n, 1);
+  pthread_mutex_unlock(&huge_lock);
+  return q;
 }
 
 #if HAK_SECURE
@@ -299,6 +738,10 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   }
   size_t off = huge_offset(align);
   size_t total = PAGE_UP(off + size) + HUGE_GUARD;
+  if (off < HAK_SEG_SIZE) {
+    void* p = arena_alloc(off, size, total, zero);
+    if (p != NULL) return p;
+  }
   if (off == HUGE_PLAIN_OFFSET) {
     hak_segment_t* seg = huge_cache_take(total);
     if (seg != NULL) seg = huge_fit_cached(seg, total);
@@ -338,6 +781,10 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
 
 void hak_huge_free(hak_segment_t* seg) {
   huge_map(seg, false);
+  if (seg->huge_run != 0) {
+    arena_free(seg);
+    return;
+  }
   huge_spare_forget(seg);
   if (seg->huge_off == HUGE_PLAIN_OFFSET)
     huge_cache_put(seg);
@@ -363,6 +810,7 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   size_t old_total = seg->map_size;
   size_t total = PAGE_UP(off + size);
   if (total == old_total) return p;
+  if (seg->huge_run != 0) return arena_resize(seg, total) ? p : arena_move(seg, off, size, total);
   if (total < old_total || hak_os_remap(base, old_total, total, NULL) != NULL) {
     if (total < old_total) hak_os_unmap(base + total, old_total - total);
     seg->map_size = total;

@@ -176,6 +176,8 @@ struct hak_segment_s {
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
   uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
                                          staying free the delay; 0 if not so (learn.c) */
+  uint32_t huge_run;           /* huge: granules of the arena it holds; 0: a mapping of its own */
+  uint32_t huge_chunk;         /* huge, in the arena: the index of its chunk */
 };
 
 /* A heap's statistics, per class (index HAK_CLASSES: large blocks), written
@@ -795,6 +797,8 @@ void hak_huge_lock(void);
 void hak_huge_unlock(void);
 void hak_huge_free(hak_segment_t* seg);
 bool hak_huge_cache_flush(void);
+void hak_huge_purge_if_due(uint32_t now_ms);
+void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_bytes);
 size_t hak_huge_usable(hak_segment_t* seg, const void* p);
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
 

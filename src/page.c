@@ -340,6 +340,7 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
       hak_heap_purge(heap, now_ms, false);
   }
   hak_segment_cache_purge(now_ms, false);
+  hak_huge_purge_if_due(now_ms);
   if (HAK_POLICY(learn)) hak_learn_step(now_ms);
 }
 

@@ -231,12 +231,17 @@ static void report(out_t* o, const hak_stats_t* st) {
            human(st->peak_committed_bytes, c, sizeof c), human(st->purged_bytes, d, sizeof d));
   put(o, line);
   snprintf(line, sizeof line, "hakmem: live %s in blocks; committed / live %.2f; huge blocks %zu live (%s), "
-           "%zu mapped in all; segments %zu held, %zu cached; heaps %zu; remote frees %zu; "
+           "%zu made in all; segments %zu held, %zu cached; heaps %zu; remote frees %zu; "
            "foreign pointers %zu\n",
            human(st->live_bytes, a, sizeof a),
            st->live_bytes ? (double)st->committed_bytes / (double)st->live_bytes : 0.0, st->huge_live,
            human(st->huge_live_bytes, b, sizeof b), st->huge_allocs, st->segments, st->cached_segments,
            st->heaps, st->remote_frees, st->lookup_failures);
+  put(o, line);
+  size_t arena_reserved, arena_dirty, arena_free;
+  hak_huge_arena_info(&arena_reserved, &arena_dirty, &arena_free);
+  snprintf(line, sizeof line, "hakmem: huge arena: %s reserved, %s of it free, %s of that still backed\n",
+           human(arena_reserved, a, sizeof a), human(arena_free, b, sizeof b), human(arena_dirty, c, sizeof c));
   put(o, line);
   snprintf(line, sizeof line, "hakmem: process RSS %s, peak %s; page faults %zu minor, %zu major\n",
            human(st->rss_bytes, a, sizeof a), human(st->peak_rss_bytes, b, sizeof b), st->minor_faults,

@@ -6,7 +6,9 @@
  * blocks intact through all of it; empty pages kept for reuse given back
  * after the delay too; empty pages of one class reused by
  * another before anything new is mapped; free segments reused; huge blocks
- * cached (no mmap per cycle) and unmapped after their time; malloc_trim(0)
+ * reusing the arena's granules (no mmap, no page fault per cycle), freed
+ * neighbours coalescing, granules purged after the delay and never while in
+ * use, the kernel's mappings not multiplied; malloc_trim(0)
  * giving everything back at once; mallinfo2 within 5% of the live bytes;
  * HAKMEM_THP marking segments; bad HAKMEM_* variables warned about.
  *
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -158,52 +161,193 @@ static void test_reuse(void) {
   CHECK(live_intact());
 }
 
-/* An 8 MiB buffer allocated and freed in a loop maps once; the cached
- * mapping is unmapped once it has aged (1 s), and by malloc_trim. */
-static void test_huge_cache(void) {
-  size_t mmaps = C(mmap_calls), munmaps = C(munmap_calls);
-  for (int i = 0; i < 200; i++) {
+static size_t minor_faults(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (size_t)ru.ru_minflt;
+}
+
+static size_t arena_dirty_bytes(void) {
+  size_t reserved, dirty, free_bytes;
+  hak_huge_arena_info(&reserved, &dirty, &free_bytes);
+  return dirty;
+}
+
+/* Lines of /proc/self/maps: the kernel's mappings of the process. */
+static size_t kernel_mappings(void) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  REQUIRE(f != NULL);
+  size_t n = 0;
+  int c;
+  while ((c = fgetc(f)) != EOF) n += c == '\n';
+  fclose(f);
+  return n;
+}
+
+/* An 8 MiB buffer allocated, filled and freed in a loop takes the same
+ * granules of the huge-block arena each time: nothing is mapped, and its
+ * pages stay backed between cycles (unless purged at once). */
+static void test_huge_reuse(void) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  char* first = NULL;
+  size_t mmaps = C(mmap_calls), madvises = C(madvise_calls), faults = 0;
+  for (int i = 0; i < 100; i++) {
     char* p = malloc(8 * MIB);
     REQUIRE(p != NULL);
-    p[0] = p[8 * MIB - 1] = (char)i;
+    if (i == 1) {
+      first = p;
+      faults = minor_faults();
+    }
+    if (i > 1) CHECK(p == first);
+    memset(p, i, 8 * MIB);
     hak_escape(p);
     free(p);
   }
-  CHECK(C(mmap_calls) - mmaps <= 1);
-  CHECK(C(munmap_calls) - munmaps <= 2);
-  munmaps = C(munmap_calls);
-  sleep_ms(1100);
-  void* q = malloc(2 * MIB); /* a huge allocation looks at the cache */
-  CHECK(C(munmap_calls) > munmaps);
-  free(q);
-  munmaps = C(munmap_calls);
-  CHECK(malloc_trim(0) == 1);
-  CHECK(C(munmap_calls) > munmaps);
+  CHECK(C(mmap_calls) - mmaps <= 1); /* (a chunk reserved, at most) */
+  if (delay != 0)
+    CHECK(minor_faults() - faults < 8 * MIB / 4096 / 4); /* 99 cycles, a quarter of one's pages */
+  else
+    CHECK(C(madvise_calls) - madvises >= 100); /* each one purged as it was freed */
   CHECK(live_intact());
 }
 
-/* A cached mapping reused for a smaller block keeps its backed tail, but the
- * tails of live blocks stay within 32 MiB in all. */
-static void test_huge_tails(void) {
+/* Two freed neighbours serve one block of both their sizes, without a page
+ * fault; nothing is mapped for it. */
+static void test_huge_coalesce(void) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  const size_t half = 8 * MIB - 64 * 1024, whole = 16 * MIB - 64 * 1024; /* 4 and 8 granules */
   malloc_trim(0);
-  size_t mapped0 = mallinfo2().hblkhd;
-  void* keep[12];
-  for (int i = 0; i < 12; i++) {
-    char* big = malloc(12 * MIB);
-    REQUIRE(big != NULL);
-    memset(big, 1, 12 * MIB);
-    free(big);
-    size_t mmaps = C(mmap_calls);
-    keep[i] = malloc(2 * MIB);
-    REQUIRE(keep[i] != NULL);
-    CHECK(C(mmap_calls) == mmaps); /* the cached 12 MiB mapping */
-#if !HAK_SECURE /* the secure build unmaps the tail: a guard page ends each block */
-    if (i == 0) CHECK(malloc_usable_size(keep[0]) >= 10 * MIB); /* its tail kept */
-#endif
+  char* x = malloc(whole); /* (its granules will be the only dirty ones) */
+  REQUIRE(x != NULL);
+  memset(x, 1, whole);
+  free(x);
+  size_t mmaps = C(mmap_calls), faults = minor_faults();
+  char* a = malloc(half);
+  char* b = malloc(half);
+  REQUIRE(a != NULL && b != NULL);
+  if (delay != 0) CHECK(a == x && b == a + 8 * MIB);
+  memset(a, 2, half);
+  memset(b, 3, half);
+  bool neighbours = b == a + 8 * MIB;
+  free(a);
+  free(b);
+  char* c = malloc(whole);
+  REQUIRE(c != NULL);
+  if (neighbours) CHECK(c == a);
+  memset(c, 4, whole);
+  CHECK(C(mmap_calls) == mmaps);
+  if (delay != 0) CHECK(minor_faults() - faults < 256); /* of 8192 pages written */
+  free(c);
+  CHECK(live_intact());
+}
+
+/* Freed granules are purged once they have waited the purge delay (at once
+ * with 0, never with -1), by malloc_trim(0) in any case, and never while in
+ * use: the block kept beside them keeps its contents. */
+static void test_huge_purge(void) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  malloc_trim(0);
+  CHECK(arena_dirty_bytes() == 0);
+  char* keep = malloc(3 * MIB);
+  REQUIRE(keep != NULL);
+  hak_pattern_fill(keep, 3 * MIB, 5);
+  char* p = malloc(8 * MIB);
+  REQUIRE(p != NULL);
+  memset(p, 1, 8 * MIB);
+  size_t purged = C(purged_bytes);
+  free(p);
+  if (delay == 0) {
+    CHECK(arena_dirty_bytes() == 0);
+    CHECK(C(purged_bytes) - purged >= 8 * MIB);
+  } else {
+    CHECK(arena_dirty_bytes() >= 8 * MIB); /* nothing purged before the delay */
+    CHECK(C(purged_bytes) == purged);
+    sleep_ms(delay > 0 ? delay + 60 : 300);
+    hak_huge_purge_if_due(hak_now_ms());
+    if (delay > 0) {
+      CHECK(arena_dirty_bytes() == 0);
+      CHECK(C(purged_bytes) - purged >= 8 * MIB);
+    } else {
+      CHECK(arena_dirty_bytes() >= 8 * MIB);
+      CHECK(C(purged_bytes) == purged);
+    }
   }
-  size_t mapped = mallinfo2().hblkhd - mapped0;
-  CHECK(mapped <= 12 * (2 * MIB + 8192) + 32 * MIB);
-  for (int i = 0; i < 12; i++) free(keep[i]);
+  CHECK(hak_pattern_check(keep, 3 * MIB, 5) == 3 * MIB);
+  p = malloc(10 * MIB);
+  REQUIRE(p != NULL);
+  memset(p, 1, 10 * MIB);
+  free(p);
+  purged = C(purged_bytes);
+  int trimmed = malloc_trim(0);
+  if (delay != 0) CHECK(trimmed == 1); /* (with 0, nothing was left to give back) */
+  CHECK(arena_dirty_bytes() == 0);
+  if (delay != 0) CHECK(C(purged_bytes) - purged >= 10 * MIB);
+  CHECK(hak_pattern_check(keep, 3 * MIB, 5) == 3 * MIB);
+  free(keep);
+  CHECK(live_intact());
+}
+
+/* realloc of an arena block grows it in place over the free granules after
+ * it; with a neighbour in the way it moves, contents intact (its old place
+ * purged as it is copied, but for the header's granule); shrinking gives the
+ * granules it no longer needs back. */
+static void test_huge_realloc(void) {
+  malloc_trim(0);
+  char* p = malloc(3 * MIB);
+  REQUIRE(p != NULL);
+  hak_pattern_fill(p, 3 * MIB, 21);
+  char* q = realloc(p, 9 * MIB);
+  REQUIRE(q != NULL);
+#if !HAK_SECURE /* the secure build copies huge blocks on realloc (guard pages) */
+  CHECK(q == p); /* (after a trim, the run after it is free) */
+#endif
+  CHECK(hak_pattern_check(q, 3 * MIB, 21) == 3 * MIB);
+  hak_pattern_fill(q, 9 * MIB, 22);
+  char* wall = malloc(2 * MIB); /* right after q, most likely */
+  REQUIRE(wall != NULL);
+  size_t purged = C(purged_bytes);
+  char* r = realloc(q, 20 * MIB);
+  REQUIRE(r != NULL);
+  CHECK(hak_pattern_check(r, 9 * MIB, 22) == 9 * MIB);
+  if (r != q && wall == q + 10 * MIB) CHECK(C(purged_bytes) - purged >= 8 * MIB);
+  memset(r + 9 * MIB, 1, 11 * MIB);
+  char* s = realloc(r, 3 * MIB);
+  REQUIRE(s != NULL);
+  CHECK(hak_pattern_check(s, 3 * MIB, 22) == 3 * MIB);
+  CHECK(malloc_usable_size(s) < 4 * MIB);
+#if !HAK_SECURE
+  CHECK(s == r);
+#endif
+  free(s);
+  free(wall);
+  CHECK(live_intact());
+}
+
+/* Thousands of huge blocks of every size coming and going leave the kernel's
+ * mappings as they were (a chunk more at most): the arena never splits its
+ * mappings for good. */
+static void test_huge_mappings(void) {
+  enum { SLOTS = 8 };
+  char* slot[SLOTS] = {0};
+  size_t before = kernel_mappings();
+  hak_rng r;
+  hak_rng_seed(&r, 3);
+  for (int i = 0; i < 3000; i++) {
+    unsigned k = (unsigned)(hak_rng_next(&r) % SLOTS);
+    if (slot[k] != NULL) {
+      free(slot[k]);
+      slot[k] = NULL;
+      continue;
+    }
+    size_t size = hak_rng_range(&r, MIB + 1, 16 * MIB);
+    slot[k] = malloc(size);
+    REQUIRE(slot[k] != NULL);
+    slot[k][0] = slot[k][size - 1] = 1;
+  }
+  for (unsigned k = 0; k < SLOTS; k++) free(slot[k]);
+  size_t after = kernel_mappings();
+  if (after > before + 2) fprintf(stderr, "kernel mappings: %zu before, %zu after\n", before, after);
+  CHECK(after <= before + 2);
   CHECK(live_intact());
 }
 
@@ -440,8 +584,11 @@ int main(int argc, char** argv) {
   test_purge_delay();
   test_reuse();
   test_empty_pages_age();
-  test_huge_cache();
-  test_huge_tails();
+  test_huge_reuse();
+  test_huge_coalesce();
+  test_huge_purge();
+  test_huge_realloc();
+  test_huge_mappings();
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);
   test_trim();
