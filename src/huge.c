@@ -186,6 +186,7 @@ typedef struct arena_chunk_s {
   unsigned free_count;
   uint64_t free[ARENA_WORDS];
   uint64_t dirty[ARENA_WORDS]; /* free and still backed */
+  uint64_t unzeroed[ARENA_WORDS]; /* free, purged, but with MADV_FREE: may read as before */
   uint32_t freed_ms[ARENA_GRANULES];
 } arena_chunk_t;
 
@@ -214,7 +215,8 @@ static bool purge_is_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
 
 /* Gives back the memory of n dirty granules from g: one madvise. */
 static void arena_purge_run(arena_chunk_t* ch, unsigned g, unsigned n) {
-  hak_os_purge(ch->base + (size_t)g * ARENA_GRANULE, (size_t)n * ARENA_GRANULE);
+  if (!hak_os_purge(ch->base + (size_t)g * ARENA_GRANULE, (size_t)n * ARENA_GRANULE))
+    bits_put(ch->unzeroed, g, n, true);
   bits_put(ch->dirty, g, n, false);
   arena_dirty_sub((size_t)n * ARENA_GRANULE);
 }
@@ -351,12 +353,16 @@ static bool arena_find(unsigned n, unsigned* chunk, unsigned* start) {
 
 /* Takes n free granules from g; returns the mask of those that were dirty
  * (bit i: granule g + i). */
-static uint64_t arena_take(arena_chunk_t* ch, unsigned g, unsigned n) {
-  uint64_t dirty = 0;
-  for (unsigned i = 0; i < n; i++)
+static uint64_t arena_take(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t* unzeroed) {
+  uint64_t dirty = 0, stale = 0;
+  for (unsigned i = 0; i < n; i++) {
     if (bit_get(ch->dirty, g + i)) dirty |= (uint64_t)1 << i;
+    if (bit_get(ch->unzeroed, g + i)) stale |= (uint64_t)1 << i;
+  }
+  if (unzeroed != NULL) *unzeroed = stale;
   bits_put(ch->free, g, n, false);
   bits_put(ch->dirty, g, n, false);
+  bits_put(ch->unzeroed, g, n, false);
   ch->free_count -= n;
   arena_used += (size_t)n * ARENA_GRANULE;
   if (arena_used > arena_used_peak) arena_used_peak = arena_used;
@@ -507,7 +513,8 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
     g = 0;
   }
   arena_chunk_t* ch = &arena[c];
-  uint64_t dirty = arena_take(ch, g, n);
+  uint64_t unzeroed;
+  uint64_t dirty = arena_take(ch, g, n, &unzeroed);
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if (delay > 0) {
     arena_purge_over_budget();
@@ -537,11 +544,12 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
     return NULL;
   }
   if (zero) {
-    /* Purged granules read as zero (after MADV_DONTNEED, not MADV_FREE). */
-    bool all = HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED;
+    /* Granules never used, or purged with MADV_DONTNEED, read as zero; those
+     * still backed, or purged with MADV_FREE (the purge mode is an option a
+     * program may change), may not. */
     uint8_t* block = base + off;
     for (unsigned i = 0; i < n; i++) {
-      if (!all && !(dirty >> i & 1)) continue;
+      if (!((dirty | unzeroed) >> i & 1)) continue;
       uint8_t* lo = base + (size_t)i * ARENA_GRANULE;
       uint8_t* hi = lo + ARENA_GRANULE;
       if (lo < block) lo = block;
@@ -583,7 +591,7 @@ static bool arena_resize(hak_segment_t* seg, size_t total) {
     pthread_mutex_lock(&huge_lock);
     bool room = true;
     for (unsigned k = g + n; k < g + runs && room; k++) room = bit_get(ch->free, k);
-    if (room) arena_take(ch, g + n, (unsigned)runs - n);
+    if (room) arena_take(ch, g + n, (unsigned)runs - n, NULL);
     pthread_mutex_unlock(&huge_lock);
     if (!room) return false;
   } else if (runs < n) {
@@ -617,6 +625,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
   if (q == NULL) return NULL;
   uint8_t* base = (uint8_t*)seg;
   unsigned n = seg->huge_run, pending = 0;
+  bool zeroed = true; /* every purge of the old place left it reading as zero */
   /* The two places are never backed at once: the peak in use is what it was
    * before, or what is in use without the old place, and the dirty granules
    * beyond what that leaves go before the copy faults in the new place. */
@@ -634,7 +643,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
     }
     if (i == 0) continue;
     if (++pending == ARENA_MOVE_BATCH || i + 1 == n) {
-      hak_os_purge(base + (size_t)(i + 1 - pending) * ARENA_GRANULE, (size_t)pending * ARENA_GRANULE);
+      zeroed &= hak_os_purge(base + (size_t)(i + 1 - pending) * ARENA_GRANULE, (size_t)pending * ARENA_GRANULE);
       pending = 0;
     }
   }
@@ -643,6 +652,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
   unsigned g = (unsigned)((base - ch->base) / ARENA_GRANULE);
   pthread_mutex_lock(&huge_lock);
   arena_give_some(ch, g, n, 1);
+  if (!zeroed && n > 1) bits_put(ch->unzeroed, g + 1, n - 1, true);
   pthread_mutex_unlock(&huge_lock);
   return q;
 }

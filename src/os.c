@@ -42,14 +42,18 @@ void* hak_os_map_aligned(size_t size, size_t align, size_t skew) {
  * MADV_DONTNEED it reads as zero at once; after MADV_FREE (HAKMEM_PURGE=free)
  * the kernel takes the pages only when it needs memory, and until then they
  * may keep their contents. */
-void hak_os_purge(void* p, size_t size) {
-  if (size == 0) return;
+bool hak_os_purge(void* p, size_t size) {
+  if (size == 0) return true;
   int saved = errno;
-  if (HAK_POLICY(purge_mode) != HAK_PURGE_FREE || madvise(p, size, MADV_FREE) != 0)
+  bool zeroed = true;
+  if (HAK_POLICY(purge_mode) == HAK_PURGE_FREE && madvise(p, size, MADV_FREE) == 0)
+    zeroed = false; /* the kernel may leave the pages as they were */
+  else
     madvise(p, size, MADV_DONTNEED); /* also where the kernel lacks MADV_FREE */
   errno = saved;
   hak_count(madvise_calls, 1);
   hak_count(purged_bytes, size);
+  return zeroed;
 }
 
 /* Makes a range inaccessible (a guard page of the secure build). */

@@ -287,6 +287,34 @@ static void test_huge_purge(void) {
   CHECK(live_intact());
 }
 
+/* calloc of a huge block reads zero where the arena's granules were purged
+ * with MADV_FREE (which may leave the old bytes), also after the purge mode
+ * changed back (the fuzzer found it). */
+static void test_huge_calloc_after_madv_free(void) {
+  long mode = 0, delay = 0;
+  REQUIRE(hak_option_get("PURGE", &mode) == 0 && hak_option_get("PURGE_DELAY_MS", &delay) == 0);
+  char* keep = malloc(3 * MIB); /* the chunk stays mapped */
+  REQUIRE(keep != NULL);
+  memset(keep, 1, 3 * MIB);
+  REQUIRE(hak_option_set("PURGE", 1) == 0 && hak_option_set("PURGE_DELAY_MS", 0) == 0);
+  for (int round = 0; round < 4; round++) {
+    char* p = malloc(6 * MIB);
+    REQUIRE(p != NULL);
+    memset(p, 0x5a, 6 * MIB);
+    free(p); /* purged at once, with MADV_FREE */
+    REQUIRE(hak_option_set("PURGE", round % 2 == 0 ? 0 : 1) == 0);
+    char* q = calloc(1, 6 * MIB);
+    REQUIRE(q != NULL);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < 6 * MIB; i += 512) nonzero += q[i] != 0;
+    CHECK(nonzero == 0);
+    free(q);
+    REQUIRE(hak_option_set("PURGE", 1) == 0);
+  }
+  REQUIRE(hak_option_set("PURGE", mode) == 0 && hak_option_set("PURGE_DELAY_MS", delay) == 0);
+  free(keep);
+}
+
 /* realloc of an arena block grows it in place over the free granules after
  * it; with a neighbour in the way it moves, contents intact (its old place
  * purged as it is copied, but for the header's granule); shrinking gives the
@@ -588,6 +616,7 @@ int main(int argc, char** argv) {
   test_huge_coalesce();
   test_huge_purge();
   test_huge_realloc();
+  test_huge_calloc_after_madv_free();
   test_huge_mappings();
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);
