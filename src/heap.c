@@ -121,9 +121,12 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   return b;
 }
 
-static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
+/* One large block of size bytes; as a realloc home (see hak_realloc), one
+ * placed where it can grow in place, within its unit and then over the free
+ * units after it. */
+static void* heap_alloc_large(hak_heap_t* heap, size_t size, bool home) {
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
-  hak_page_t* page = hak_page_new(heap, HAK_CLASS_LARGE, size);
+  hak_page_t* page = home ? hak_page_new_home(heap, size) : hak_page_new(heap, HAK_CLASS_LARGE, size);
   if (page == NULL) {
     errno = ENOMEM;
     return NULL;
@@ -133,26 +136,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size) {
   hak_block_t* b = page->free;
   page->free = NULL;
   page->used = 1;
-  hak_block_out_slow(page, b);
-  hak_heap_check(heap);
-  return b;
-}
-
-/* A growing buffer's home (see hak_realloc): a large block of one unit or
- * more, which realloc grows in place, within its unit and then over the
- * free units after it. */
-void* hak_heap_alloc_home(hak_heap_t* heap, size_t size) {
-  if (hak_remote_pending(heap)) hak_remote_collect(heap);
-  hak_page_t* page = hak_page_new_home(heap, size);
-  if (page == NULL) {
-    errno = ENOMEM;
-    return NULL;
-  }
-  hak_stat_add(heap->stats.refills[HAK_CLASSES], 1);
-  hak_block_t* b = page->free;
-  page->free = NULL;
-  page->used = 1;
-  if (page->units == 1) {
+  if (home && page->units == 1) {
     page->home = 1;
     heap->homes++;
   }
@@ -161,9 +145,11 @@ void* hak_heap_alloc_home(hak_heap_t* heap, size_t size) {
   return b;
 }
 
+void* hak_heap_alloc_home(hak_heap_t* heap, size_t size) { return heap_alloc_large(heap, size, true); }
+
 void* hak_heap_alloc(hak_heap_t* heap, size_t size) {
   if (size <= HAK_CLASS_MAX_SIZE) return heap_alloc_class(heap, hak_class_of(size));
-  if (size <= HAK_LARGE_MAX) return heap_alloc_large(heap, size);
+  if (size <= HAK_LARGE_MAX) return heap_alloc_large(heap, size, false);
   return hak_huge_alloc(size, 0, false);
 }
 

@@ -12,13 +12,12 @@
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
 #define HUGE_CACHE_SLOTS 8
 #define HUGE_CACHE_BYTES ((size_t)64 << 20)
-#define HUGE_CACHE_MAX_AGE_NS 1000000000LL /* 1 s */
+#define HUGE_CACHE_MAX_AGE_MS 1000 /* 1 s */
 /* A cached mapping reused for a smaller block keeps its backed tail (no page
  * faults when the next block is bigger again) while the tails of all live
  * huge blocks stay within this; beyond it the tail is unmapped. */
@@ -26,7 +25,7 @@
 
 typedef struct huge_cached_s {
   hak_segment_t* seg; /* NULL: slot free */
-  long long freed_ns;
+  uint32_t freed_ms;
 } huge_cached_t;
 
 static pthread_mutex_t huge_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -43,12 +42,6 @@ static void huge_spare_forget(hak_segment_t* seg) {
   seg->huge_spare_pages = 0;
 }
 
-static long long now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* vDSO: no system call */
-  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 void hak_huge_lock(void) { pthread_mutex_lock(&huge_lock); }
 void hak_huge_unlock(void) { pthread_mutex_unlock(&huge_lock); }
 
@@ -60,13 +53,13 @@ static hak_segment_t* huge_cache_take(size_t total) {
   hak_segment_t* expired[HUGE_CACHE_SLOTS];
   int nexpired = 0;
   hak_segment_t* best = NULL;
-  long long now = now_ns();
+  uint32_t now = hak_now_ms();
   pthread_mutex_lock(&huge_lock);
   int best_slot = -1;
   for (int i = 0; i < HUGE_CACHE_SLOTS; i++) {
     hak_segment_t* seg = huge_cache[i].seg;
     if (seg == NULL) continue;
-    if (now - huge_cache[i].freed_ns > HUGE_CACHE_MAX_AGE_NS) {
+    if ((int32_t)(now - huge_cache[i].freed_ms) > HUGE_CACHE_MAX_AGE_MS) {
       expired[nexpired++] = seg;
       huge_cache_bytes -= seg->map_size;
       huge_cache[i].seg = NULL;
@@ -99,7 +92,7 @@ static bool huge_cache_full(void) {
 static int huge_cache_oldest(void) {
   int oldest = -1;
   for (int i = 0; i < HUGE_CACHE_SLOTS; i++)
-    if (huge_cache[i].seg != NULL && (oldest < 0 || huge_cache[i].freed_ns < huge_cache[oldest].freed_ns))
+    if (huge_cache[i].seg != NULL && (oldest < 0 || (int32_t)(huge_cache[i].freed_ms - huge_cache[oldest].freed_ms) < 0))
       oldest = i;
   return oldest;
 }
@@ -150,7 +143,7 @@ static void huge_cache_put(hak_segment_t* seg) {
   for (int i = 0; i < HUGE_CACHE_SLOTS; i++) {
     if (huge_cache[i].seg == NULL) {
       huge_cache[i].seg = seg;
-      huge_cache[i].freed_ns = now_ns();
+      huge_cache[i].freed_ms = hak_now_ms();
       huge_cache_bytes += seg->map_size;
       break;
     }
@@ -209,10 +202,6 @@ static void bits_put(uint64_t* w, unsigned i, unsigned n, bool on) {
 static void arena_dirty_add(size_t bytes) { arena_dirty += bytes; }
 static void arena_dirty_sub(size_t bytes) { arena_dirty -= bytes; }
 
-static bool purge_is_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
-  return delay >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)delay) >= 0;
-}
-
 /* Gives back the memory of n dirty granules from g: one madvise. */
 static void arena_purge_run(arena_chunk_t* ch, unsigned g, unsigned n) {
   if (!hak_os_purge(ch->base + (size_t)g * ARENA_GRANULE, (size_t)n * ARENA_GRANULE))
@@ -246,12 +235,12 @@ static void arena_purge(uint32_t now_ms, bool all) {
     arena_chunk_t* ch = &arena[c];
     if (ch->base == NULL) continue;
     for (unsigned g = 0; g < ARENA_GRANULES;) {
-      if (!bit_get(ch->dirty, g) || !(all || purge_is_due(ch->freed_ms[g], now_ms, delay))) {
+      if (!bit_get(ch->dirty, g) || !(all || hak_purge_is_due(ch->freed_ms[g], now_ms, delay))) {
         g++;
         continue;
       }
       unsigned s = g;
-      while (g < ARENA_GRANULES && bit_get(ch->dirty, g) && (all || purge_is_due(ch->freed_ms[g], now_ms, delay)))
+      while (g < ARENA_GRANULES && bit_get(ch->dirty, g) && (all || hak_purge_is_due(ch->freed_ms[g], now_ms, delay)))
         g++;
       arena_purge_run(ch, s, g - s);
     }
@@ -387,7 +376,7 @@ static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, unsigned 
   } else if (delay > 0) {
     arena_purge_over_budget();
     if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) ||
-        purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now, delay))
+        hak_purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now, delay))
       arena_purge(now, false); /* (notes the oldest) */
   }
 }
@@ -396,7 +385,7 @@ static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) { arena_give_s
 
 void hak_huge_purge_if_due(uint32_t now_ms) {
   if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed)) return;
-  if (!purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now_ms,
+  if (!hak_purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now_ms,
                     HAK_POLICY(purge_delay_ms)))
     return;
   pthread_mutex_lock(&huge_lock);
@@ -520,7 +509,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
     arena_purge_over_budget();
     uint32_t now = hak_now_ms();
     if (atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) &&
-        purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now, delay))
+        hak_purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now, delay))
       arena_purge(now, false);
   }
   uint8_t* base = ch->base + (size_t)g * ARENA_GRANULE;

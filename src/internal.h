@@ -727,6 +727,10 @@ void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 bool hak_os_guard(void* p, size_t size);
 bool hak_os_unguard(void* p, size_t size);
 uint32_t hak_now_ms(void);
+/* Whether memory freed at freed_ms is due for purging at now_ms (delay < 0: never). */
+HAK_INLINE bool hak_purge_is_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
+  return delay >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)delay) >= 0;
+}
 
 /* report.c */
 HAK_COLD __attribute__((noreturn)) void hak_fatal(const char* what, const void* p);

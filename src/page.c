@@ -132,6 +132,18 @@ static hak_segment_t* segment_with_units(hak_heap_t* heap, unsigned n, int* idx)
   return found;
 }
 
+/* A page of class cls (or one large block) on the n free units at idx of seg,
+ * one of the heap's segments. */
+static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n, unsigned cls) {
+  heap_take_units(heap, seg, idx, n);
+  hak_page_t* page = &seg->pages[idx];
+  page->units = (uint8_t)n;
+  page->index = (uint8_t)idx;
+  page_format(page, cls);
+  hak_count(pages, 1);
+  return page;
+}
+
 /* A new page for class cls (or, with cls == HAK_CLASS_LARGE, one block of
  * large_size bytes): an empty page of the heap, else free units of its
  * segments, else an abandoned heap's segments, else a new segment. */
@@ -163,13 +175,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     }
     idx = 1;
   }
-  heap_take_units(heap, seg, (unsigned)idx, n);
-  page = &seg->pages[idx];
-  page->units = (uint8_t)n;
-  page->index = (uint8_t)idx;
-  page_format(page, cls);
-  hak_count(pages, 1);
-  return page;
+  return page_place(heap, seg, (unsigned)idx, n, cls);
 }
 
 /* The longest run of set bits in m: its length, and its first bit in *at. */
@@ -211,13 +217,7 @@ hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size) {
     }
   }
   if (best == NULL || best_len < n) return hak_page_new(heap, HAK_CLASS_LARGE, size);
-  heap_take_units(heap, best, best_at, n);
-  hak_page_t* page = &best->pages[best_at];
-  page->units = (uint8_t)n;
-  page->index = (uint8_t)best_at;
-  page_format(page, HAK_CLASS_LARGE);
-  hak_count(pages, 1);
-  return page;
+  return page_place(heap, best, best_at, n, HAK_CLASS_LARGE);
 }
 
 /* Of a heap no thread uses any more (its own thread has ended): the page's
@@ -357,7 +357,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
   while (heap->empty.last != NULL) { /* oldest last */
     hak_page_t* page = heap->empty.last;
     uint32_t emptied = page_emptied_ms(page);
-    if (!all && (delay < 0 || (int32_t)(now_ms - emptied - (uint32_t)delay) < 0)) {
+    if (!all && !hak_purge_is_due(emptied, now_ms, delay)) {
       if (delay >= 0) due = emptied + (uint32_t)delay;
       break;
     }

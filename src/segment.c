@@ -122,16 +122,12 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   return seg;
 }
 
-static bool purge_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
-  return delay >= 0 && (int32_t)(now_ms - freed_ms - (uint32_t)delay) >= 0;
-}
-
 /* Purges a free segment into the clean cache.  Its units still backed are
  * stamped (the header is written again anyway) if they go for having stayed
  * cached the delay, so that their next owner can tell a refault (learn.c). */
 static void cache_clean_push(hak_segment_t* seg, uint32_t now_ms, int32_t delay) {
   uint32_t dirty = seg->dirty_units;
-  bool waited = delay > 0 && purge_due(seg->unit_freed_ms[0], now_ms, delay);
+  bool waited = delay > 0 && hak_purge_is_due(seg->unit_freed_ms[0], now_ms, delay);
   hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
   hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)__builtin_popcount(dirty) << HAK_UNIT_SHIFT));
   for (unsigned u = 0; u < HAK_UNITS; u++)
@@ -152,14 +148,14 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   int32_t delay = HAK_POLICY(purge_delay_ms); /* read once: one decision, one value */
   if (count == 0 || (!all && delay < 0)) return;
   if (!all && count <= HAK_SEGMENT_DIRTY_KEEP &&
-      !purge_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms, delay))
+      !hak_purge_is_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms, delay))
     return;
   hak_segment_t* purge = NULL;
   pthread_mutex_lock(&segment_lock);
   size_t kept = 0;
   for (hak_segment_t **link = &cache_dirty, *seg; (seg = *link) != NULL;) {
     bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && delay >= 0;
-    if (all || over || purge_due(seg->unit_freed_ms[0], now_ms, delay)) {
+    if (all || over || hak_purge_is_due(seg->unit_freed_ms[0], now_ms, delay)) {
       *link = seg->next;
       seg->next = purge;
       purge = seg;
