@@ -181,6 +181,12 @@ typedef struct arena_chunk_s {
   uint64_t dirty[ARENA_WORDS]; /* free and still backed */
   uint64_t unzeroed[ARENA_WORDS]; /* free, purged, but with MADV_FREE: may read as before */
   uint32_t freed_ms[ARENA_GRANULES];
+  /* Secure build: the guard pages laid in each granule, which stay when its
+   * block is freed so that the next block of the same run finds them in
+   * place (laying and lifting a guard splits and merges the chunk's kernel
+   * mapping).  Written by the granule's owner, or under the lock when free. */
+  uint16_t guard_head[ARENA_GRANULES]; /* the head guard's page (0: none) */
+  uint8_t guard_tail[ARENA_GRANULES];  /* the granule's last page is a guard */
 } arena_chunk_t;
 
 static arena_chunk_t arena[ARENA_CHUNKS_MAX];
@@ -300,11 +306,13 @@ static bool arena_grow(unsigned* slot) {
 }
 
 /* The best place for n granules: the window of a free run with the most
- * dirty granules (no page faults), then one at an end of its run (the rest
- * stays whole), then in the shortest run (best fit).  False if none. */
-static bool arena_find(unsigned n, unsigned* chunk, unsigned* start) {
+ * dirty granules (no page faults), then (secure build) with the most of its
+ * guards in place (a head guard at page `head` of its first granule, a tail
+ * guard on its last page: no mprotect), then one at an end of its run (the
+ * rest stays whole), then in the shortest run (best fit).  False if none. */
+static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* start) {
   bool found = false;
-  unsigned best_dirty = 0, best_len = 0;
+  unsigned best_dirty = 0, best_len = 0, best_guards = 0;
   bool best_edge = false;
   for (unsigned c = 0; c < arena_slots; c++) {
     arena_chunk_t* ch = &arena[c];
@@ -322,11 +330,14 @@ static bool arena_find(unsigned n, unsigned* chunk, unsigned* start) {
       for (unsigned k = s; k < s + n; k++) d += bit_get(ch->dirty, k);
       for (unsigned w = s;; w++) {
         bool edge = w == s || w + n == e;
+        unsigned guards = HAK_SECURE ? (ch->guard_head[w] == head) + ch->guard_tail[w + n - 1] : 0;
         bool better = !found || d > best_dirty ||
-                      (d == best_dirty && (edge > best_edge || (edge == best_edge && len < best_len)));
+                      (d == best_dirty && (guards > best_guards || (guards == best_guards &&
+                      (edge > best_edge || (edge == best_edge && len < best_len)))));
         if (better) {
           found = true;
           best_dirty = d;
+          best_guards = guards;
           best_edge = edge;
           best_len = len;
           *chunk = c;
@@ -359,6 +370,55 @@ static uint64_t arena_take(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t* 
   return dirty;
 }
 
+/* Makes guard pages of the arena accessible again.  Removing guard markers
+ * frees page-table entries; with mprotect, the range starts and ends at
+ * guards (or inside accessible pages), so it only joins the kernel's
+ * mappings and needs none: failing is not running out of memory. */
+static void arena_guard_lift(uint8_t* p, size_t size) {
+  if (!hak_os_guard_unmark(p, size)) hak_fatal("cannot lift a guard page of the huge-block arena", p);
+}
+
+/* Secure build: the guards earlier blocks left in granules [a, b] of ch,
+ * but a's head guard and b's tail guard. */
+static unsigned arena_guards_inside(const arena_chunk_t* ch, unsigned a, unsigned b) {
+  unsigned count = 0;
+  for (unsigned k = a; k <= b; k++) count += (k != a && ch->guard_head[k] != 0) + (k != b && ch->guard_tail[k] != 0);
+  return count;
+}
+
+/* Lifts those: each marker (removing them from a range walks its every
+ * page), or with one mprotect from a's head guard to b's tail guard. */
+static void arena_guards_lift_inside(arena_chunk_t* ch, unsigned a, unsigned b) {
+  bool marks = hak_os_guard_marks();
+  if (!marks) {
+    uint8_t* lo = ch->base + (size_t)a * ARENA_GRANULE + ((size_t)ch->guard_head[a] + 1) * HAK_OS_PAGE;
+    uint8_t* hi = ch->base + (size_t)(b + 1) * ARENA_GRANULE - (ch->guard_tail[b] ? HAK_OS_PAGE : 0);
+    arena_guard_lift(lo, (size_t)(hi - lo));
+  }
+  for (unsigned k = a; k <= b; k++) {
+    uint8_t* granule = ch->base + (size_t)k * ARENA_GRANULE;
+    if (k != a && ch->guard_head[k] != 0) {
+      if (marks) arena_guard_lift(granule + (size_t)ch->guard_head[k] * HAK_OS_PAGE, HAK_OS_PAGE);
+      ch->guard_head[k] = 0;
+    }
+    if (k != b && ch->guard_tail[k]) {
+      if (marks) arena_guard_lift(granule + ARENA_GRANULE - HAK_OS_PAGE, HAK_OS_PAGE);
+      ch->guard_tail[k] = 0;
+    }
+  }
+}
+
+/* Lifts the guards inside the free run around granule g beyond the
+ * HAK_ARENA_GUARDS_KEPT kept (under the lock).  Guard markers do not split
+ * the mapping: they all stay. */
+static void arena_guards_trim(arena_chunk_t* ch, unsigned g) {
+  if (!HAK_SECURE || hak_os_guard_marks()) return;
+  unsigned a = g, b = g;
+  while (a > 0 && bit_get(ch->free, a - 1)) a--;
+  while (b + 1 < ARENA_GRANULES && bit_get(ch->free, b + 1)) b++;
+  if (arena_guards_inside(ch, a, b) > HAK_ARENA_GUARDS_KEPT) arena_guards_lift_inside(ch, a, b);
+}
+
 /* Gives n granules from g back, the first `backed` of them dirty (the rest
  * were purged), stamped now; purges them at once with a delay of 0, and
  * beyond the budget the oldest. */
@@ -369,6 +429,7 @@ static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, unsigned 
   for (unsigned i = 0; i < n; i++) ch->freed_ms[g + i] = now;
   ch->free_count += n;
   arena_used -= (size_t)n * ARENA_GRANULE;
+  arena_guards_trim(ch, g);
   arena_dirty_add((size_t)backed * ARENA_GRANULE);
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if (delay == 0) {
@@ -464,6 +525,13 @@ static bool huge_guard_tail(hak_segment_t* seg, size_t total) {
   return hak_os_guard((uint8_t*)seg + at, HUGE_GUARD);
 }
 
+/* Where a huge block's usable bytes end: its tail guard in the secure build
+ * (in the arena, the run's last page), else its mapping's end (with the
+ * kept tail). */
+static size_t huge_usable_end(const hak_segment_t* seg) {
+  return HAK_SECURE ? (size_t)seg->huge_guard_page * HAK_OS_PAGE : seg->map_size;
+}
+
 /* Enters a huge block in the segment map (and the live counts), or takes it out. */
 static void huge_map(hak_segment_t* seg, bool on) {
   hak_segmap_set(seg, on ? HAK_MAP_SEGMENT : HAK_MAP_NONE);
@@ -486,15 +554,39 @@ static uint8_t* huge_map_aligned(size_t total, size_t align) {
                                : hak_os_map_aligned(total, align, HAK_SEG_SIZE);
 }
 
+/* Secure build: gives a block holding granules [g, g + n) of ch its guards,
+ * the page before the block and the run's last page (often still in place
+ * from an earlier block of the run), then lifts the ones earlier blocks
+ * left inside.  False if the kernel refuses a guard (its mapping limit);
+ * the guards are then as they were. */
+static bool arena_guard_run(hak_segment_t* seg, arena_chunk_t* ch, unsigned g, unsigned n) {
+  if (!HAK_SECURE) return true;
+  uint8_t* run = ch->base + (size_t)g * ARENA_GRANULE;
+  unsigned end = g + n - 1;
+  uint8_t* tail = run + (size_t)n * ARENA_GRANULE - HAK_OS_PAGE;
+  uint16_t head = (uint16_t)((seg->huge_off - HUGE_GUARD) / HAK_OS_PAGE), old_head = ch->guard_head[g];
+  if (old_head != head && !hak_os_guard_mark(run + (size_t)head * HAK_OS_PAGE, HAK_OS_PAGE)) return false;
+  if (!ch->guard_tail[end] && !hak_os_guard_mark(tail, HAK_OS_PAGE)) {
+    if (old_head != head) arena_guard_lift(run + (size_t)head * HAK_OS_PAGE, HAK_OS_PAGE);
+    return false;
+  }
+  if (old_head != 0 && old_head != head) arena_guard_lift(run + (size_t)old_head * HAK_OS_PAGE, HAK_OS_PAGE);
+  ch->guard_head[g] = head;
+  ch->guard_tail[end] = 1;
+  if (arena_guards_inside(ch, g, end) != 0) arena_guards_lift_inside(ch, g, end);
+  seg->huge_guard_page = (uint32_t)((size_t)(tail - (uint8_t*)seg) / HAK_OS_PAGE);
+  return true;
+}
+
 /* A block from the arena: header at the start of a run of granules, block at
- * off, extent total.  NULL if the arena cannot serve it (the caller maps it
- * on its own). */
+ * off, needing total bytes.  NULL if the arena cannot serve it (the caller
+ * maps it on its own). */
 static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   size_t runs = (total + ARENA_GRANULE - 1) / ARENA_GRANULE;
   if (runs > ARENA_RUN_MAX) return NULL;
   unsigned n = (unsigned)runs, c, g;
   pthread_mutex_lock(&huge_lock);
-  if (!arena_find(n, &c, &g)) {
+  if (!arena_find(n, (unsigned)((off - HUGE_GUARD) / HAK_OS_PAGE), &c, &g)) {
     if (!arena_grow(&c)) {
       pthread_mutex_unlock(&huge_lock);
       return NULL;
@@ -522,11 +614,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   seg->huge_off = (uint32_t)off;
   seg->huge_run = n;
   seg->huge_chunk = c;
-  if (!huge_guard(seg, off, total)) {
-    if (HAK_SECURE) { /* (a guard that failed may still have split the chunk) */
-      hak_os_unguard(base + off - HUGE_GUARD, HUGE_GUARD);
-      hak_os_unguard(base + total - HUGE_GUARD, HUGE_GUARD);
-    }
+  if (!arena_guard_run(seg, ch, g, n)) {
     pthread_mutex_lock(&huge_lock);
     arena_give(ch, g, n);
     pthread_mutex_unlock(&huge_lock);
@@ -556,10 +644,6 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
 
 /* Gives an arena block's granules back. */
 static void arena_free(hak_segment_t* seg) {
-  if (HAK_SECURE) { /* the chunk becomes one mapping again */
-    hak_os_unguard((uint8_t*)seg + seg->huge_off - HUGE_GUARD, HUGE_GUARD);
-    hak_os_unguard((uint8_t*)seg + (size_t)seg->huge_guard_page * HAK_OS_PAGE, HUGE_GUARD);
-  }
   arena_chunk_t* ch = &arena[seg->huge_chunk];
   unsigned g = (unsigned)(((uint8_t*)seg - ch->base) / ARENA_GRANULE), n = seg->huge_run;
   pthread_mutex_lock(&huge_lock);
@@ -583,7 +667,14 @@ static bool arena_resize(hak_segment_t* seg, size_t total) {
     if (room) arena_take(ch, g + n, (unsigned)runs - n, NULL);
     pthread_mutex_unlock(&huge_lock);
     if (!room) return false;
+    if (!arena_guard_run(seg, ch, g, (unsigned)runs)) {
+      pthread_mutex_lock(&huge_lock);
+      arena_give(ch, g + n, (unsigned)runs - n);
+      pthread_mutex_unlock(&huge_lock);
+      return false;
+    }
   } else if (runs < n) {
+    if (!arena_guard_run(seg, ch, g, (unsigned)runs)) return true; /* it keeps its granules */
     pthread_mutex_lock(&huge_lock);
     arena_give(ch, g + (unsigned)runs, n - (unsigned)runs);
     pthread_mutex_unlock(&huge_lock);
@@ -613,6 +704,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
   uint8_t* q = arena_alloc(off, size, total, false);
   if (q == NULL) return NULL;
   uint8_t* base = (uint8_t*)seg;
+  size_t end = huge_usable_end(seg);
   unsigned n = seg->huge_run, pending = 0;
   bool zeroed = true; /* every purge of the old place left it reading as zero */
   /* The two places are never backed at once: the peak in use is what it was
@@ -625,7 +717,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
   pthread_mutex_unlock(&huge_lock);
   for (unsigned i = 0; i < n; i++) {
     size_t lo = i == 0 ? off : (size_t)i * ARENA_GRANULE, hi = (size_t)(i + 1) * ARENA_GRANULE;
-    if (hi > seg->map_size) hi = seg->map_size;
+    if (hi > end) hi = end;
     if (lo < hi) {
       HAK_VG_UNDEFINED(q + (lo - off), hi - lo); /* perhaps inside a block freed before */
       memcpy(q + (lo - off), base + lo, hi - lo);
@@ -792,8 +884,7 @@ void hak_huge_free(hak_segment_t* seg) {
 }
 
 size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
-  size_t end = HAK_SECURE ? (size_t)seg->huge_guard_page * HAK_OS_PAGE : seg->map_size; /* (with the kept tail) */
-  return (size_t)((uint8_t*)seg + end - (const uint8_t*)p);
+  return (size_t)((uint8_t*)seg + huge_usable_end(seg) - (const uint8_t*)p);
 }
 
 /* Resizes a huge block without copying when it can: shrink in place, grow in
@@ -801,15 +892,19 @@ size_t hak_huge_usable(hak_segment_t* seg, const void* p) {
  * caller must allocate and copy (or that memory is exhausted). */
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size) {
   if ((uint8_t*)p != (uint8_t*)seg + seg->huge_off) hak_fatal("realloc of an invalid pointer (inside a huge block)", p);
-  if (HAK_SECURE) return NULL; /* a guarded mapping is not one mapping mremap can move */
   uint8_t* base = (uint8_t*)seg;
   if (size <= HAK_LARGE_MAX || size > HAK_SIZE_LIMIT) return NULL;
   size_t off = (size_t)((uint8_t*)p - base);
+  if (seg->huge_run != 0) {
+    size_t total = PAGE_UP(off + size) + HUGE_GUARD;
+    if (total == seg->map_size) return p;
+    return arena_resize(seg, total) ? p : arena_move(seg, off, size, total);
+  }
+  if (HAK_SECURE) return NULL; /* a guarded mapping is not one mapping mremap can move */
   huge_spare_forget(seg); /* the mapping is fitted to the new size below */
   size_t old_total = seg->map_size;
   size_t total = PAGE_UP(off + size);
   if (total == old_total) return p;
-  if (seg->huge_run != 0) return arena_resize(seg, total) ? p : arena_move(seg, off, size, total);
   if (total < old_total || hak_os_remap(base, old_total, total, NULL) != NULL) {
     if (total < old_total) hak_os_unmap(base + total, old_total - total);
     seg->map_size = total;

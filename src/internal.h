@@ -726,6 +726,9 @@ void hak_os_thp(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 bool hak_os_guard(void* p, size_t size);
 bool hak_os_unguard(void* p, size_t size);
+bool hak_os_guard_marks(void);
+bool hak_os_guard_mark(void* p, size_t size);
+bool hak_os_guard_unmark(void* p, size_t size);
 uint32_t hak_now_ms(void);
 /* Whether memory freed at freed_ms is due for purging at now_ms (delay < 0: never). */
 HAK_INLINE bool hak_purge_is_due(uint32_t freed_ms, uint32_t now_ms, int32_t delay) {
@@ -796,6 +799,11 @@ HAK_INLINE bool hak_remote_pending(hak_heap_t* heap) {
 }
 
 /* huge.c */
+/* Secure build: a free run of the huge-block arena keeps the guard pages at
+ * its two ends and at most this many inside (blocks that start or end where
+ * earlier ones did find theirs in place); beyond, they are lifted, so that
+ * the guards of free granules do not multiply the kernel's mappings. */
+#define HAK_ARENA_GUARDS_KEPT 8
 void* hak_huge_alloc(size_t size, size_t align, bool zero);
 void hak_huge_lock(void);
 void hak_huge_unlock(void);

@@ -72,6 +72,48 @@ bool hak_os_unguard(void* p, size_t size) {
   return ok;
 }
 
+#ifndef MADV_GUARD_INSTALL
+#define MADV_GUARD_INSTALL 102 /* Linux 6.13 */
+#define MADV_GUARD_REMOVE 103
+#endif
+
+/* Whether the kernel has guard markers (probed once, on a page of its own:
+ * madvise on the range itself could fail for other reasons). */
+static _Atomic int guard_marks = -1;
+bool hak_os_guard_marks(void) {
+  int known = atomic_load_explicit(&guard_marks, memory_order_relaxed);
+  if (known >= 0) return known;
+  int saved = errno;
+  void* probe = mmap(NULL, HAK_OS_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  bool have = probe != MAP_FAILED && madvise(probe, HAK_OS_PAGE, MADV_GUARD_INSTALL) == 0;
+  if (probe != MAP_FAILED) munmap(probe, HAK_OS_PAGE);
+  errno = saved;
+  atomic_store_explicit(&guard_marks, have, memory_order_relaxed);
+  return have;
+}
+
+/* Guard pages marked in the page table (MADV_GUARD_INSTALL): a few times
+ * cheaper than mprotect, and the kernel's mapping stays whole (no split, no
+ * mapping limit); they survive purges and fork.  For segment headers and
+ * the huge-block arena (a huge mapping of its own is resized by code built
+ * around mprotect's split mappings).  Where the kernel lacks them,
+ * mprotect (hak_os_guard_marks says which). */
+bool hak_os_guard_mark(void* p, size_t size) {
+  if (!hak_os_guard_marks()) return hak_os_guard(p, size);
+  int saved = errno;
+  bool ok = madvise(p, size, MADV_GUARD_INSTALL) == 0;
+  errno = saved;
+  return ok;
+}
+
+bool hak_os_guard_unmark(void* p, size_t size) {
+  if (!hak_os_guard_marks()) return hak_os_unguard(p, size);
+  int saved = errno;
+  bool ok = madvise(p, size, MADV_GUARD_REMOVE) == 0;
+  errno = saved;
+  return ok;
+}
+
 /* Applies HAKMEM_THP to a fresh mapping of segments or a huge block. */
 void hak_os_thp(void* p, size_t size) {
   int32_t thp = HAK_POLICY(thp);

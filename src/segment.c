@@ -79,7 +79,7 @@ static hak_segment_t* segment_from_os(void) {
   }
   hak_segment_t* seg = (hak_segment_t*)arena_next;
   /* The secure build: the rest of unit 0 after the header is a guard. */
-  if (HAK_SECURE && !hak_os_guard((uint8_t*)seg + HAK_SEG_HDR_SIZE, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE))
+  if (HAK_SECURE && !hak_os_guard_mark((uint8_t*)seg + HAK_SEG_HDR_SIZE, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE))
     return NULL;
   if (!registry_add(seg)) return NULL;
   arena_next += HAK_SEG_SIZE;

@@ -7,6 +7,7 @@
  * blocks fault; fresh blocks come in random order and links are not stored
  * in the clear.  Each case runs in a child process. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,6 +17,12 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include "harness.h"
 #include "test_util.h"
@@ -130,6 +137,25 @@ static void write_after_huge(void) {
   char* p = hak_launder(malloc((3 << 20) + 100));
   volatile char* end = p + malloc_usable_size(p);
   end[-1] = 1; /* the last usable byte is fine */
+  end[0] = 1;
+}
+
+/* A huge block whose run held a larger block before, and one grown in place
+ * by realloc, still end at a guard (the arena keeps guards in place across
+ * blocks and moves the tail guard). */
+static void write_after_reused_huge(void) {
+  free(hak_launder(malloc(9 << 20)));
+  char* p = hak_launder(malloc((3 << 20) + 100));
+  volatile char* end = p + malloc_usable_size(p);
+  end[-1] = 1;
+  end[0] = 1;
+}
+
+static void write_after_grown_huge(void) {
+  char* p = hak_launder(malloc(3 << 20));
+  p = hak_launder(realloc(p, 7 << 20));
+  volatile char* end = p + malloc_usable_size(p);
+  end[-1] = 1;
   end[0] = 1;
 }
 
@@ -254,13 +280,102 @@ static void check_ordinary_use(void) {
     CHECK(b != NULL && ((uintptr_t)b & (((size_t)1 << 20) - 1)) == 0 && malloc_usable_size(b) >= n);
     free(b);
   }
+  /* Huge blocks laid over the guards earlier ones left in the arena (kept
+   * in place while their granules are free) can use every usable byte: a
+   * block grown in place over a freed neighbour's granules, and one over
+   * many freed blocks. */
+  char* h[8];
+  for (int i = 0; i < 8; i++) {
+    h[i] = malloc(3 << 20);
+    REQUIRE(h[i] != NULL);
+    hak_pattern_fill(h[i], 3 << 20, (uint64_t)i);
+  }
+  free(h[1]);
+  char* g = realloc(h[0], 7 << 20);
+  REQUIRE(g != NULL);
+  CHECK(hak_pattern_check(g, 3 << 20, 0) == 3 << 20);
+  memset(g, 9, malloc_usable_size(g));
+  free(g);
+  for (int i = 2; i < 8; i++) free(h[i]);
+  char* all = malloc(40 << 20);
+  REQUIRE(all != NULL);
+  memset(all, 3, malloc_usable_size(all));
+  free(all);
   void* a = aligned_alloc(4096, 4096);
   CHECK(a != NULL && ((uintptr_t)a & 4095) == 0);
   memset(a, 2, malloc_usable_size(a));
   free(a);
 }
 
+static void check_guards(void) {
+  check_segv("guard-after-header", write_guard_after_header);
+  check_segv("guard-before-huge", write_before_huge);
+  check_segv("guard-after-huge", write_after_huge);
+  check_segv("guard-after-reused-huge", write_after_reused_huge);
+  check_segv("guard-after-grown-huge", write_after_grown_huge);
+}
+
+/* Whether the page after a segment's header is a mapping of its own
+ * (mprotect) rather than a guard marker inside the segment's mapping. */
+static bool header_guard_is_mapping(void) {
+  char* p = malloc(64);
+  uintptr_t guard = ((uintptr_t)p & ~(uintptr_t)(SEG_SIZE - 1)) + 4096;
+  free(p);
+  FILE* f = fopen("/proc/self/maps", "r");
+  char line[512];
+  bool found = false;
+  while (f != NULL && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo == guard && strcmp(perms, "---p") == 0) found = true;
+  }
+  if (f != NULL) fclose(f);
+  return found;
+}
+
+/* The guards, seen from a process of their own (argv[1] "guards"; argv[2]
+ * "mapping" or "marker": what the header's guard must be). */
+static int run_guard_checks(const char* expect) {
+  CHECK(header_guard_is_mapping() == (strcmp(expect, "mapping") == 0));
+  check_guards();
+  check_ordinary_use();
+  return hak_test_result(expect);
+}
+
+/* On a kernel without guard markers (before Linux 6.13: madvise refuses
+ * MADV_GUARD_INSTALL, here by a seccomp filter) the guards are mprotect's,
+ * and hold the same. */
+static void check_guards_without_markers(void) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_madvise, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 102 /* MADV_GUARD_INSTALL */, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof filter / sizeof filter[0]), filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+      _exit(77);
+    execl("/proc/self/exe", "test_secure", "guards", "mapping", (char*)NULL);
+    _exit(4);
+  }
+  int status;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    fprintf(stderr, "test_secure: note: no seccomp here, guards without markers not checked\n");
+    return;
+  }
+  if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+    fprintf(stderr, "guards without markers: child status %d\n", status);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(int argc, char** argv) {
+  if (argc > 2 && strcmp(argv[1], "guards") == 0) return run_guard_checks(argv[2]);
   if (argc > 1 && strcmp(argv[1], "order") == 0) {
     print_order();
     return 0;
@@ -274,9 +389,8 @@ int main(int argc, char** argv) {
   check_reported("overflow-small", overflow_small, "write past the end of the block");
   check_reported("overflow-mid", overflow_mid, "write past the end of the block");
   check_reported("write-after-free", write_after_free, "corrupted free list");
-  check_segv("guard-after-header", write_guard_after_header);
-  check_segv("guard-before-huge", write_before_huge);
-  check_segv("guard-after-huge", write_after_huge);
+  check_guards();
+  check_guards_without_markers();
   check_address_named();
   check_random_order();
   check_links_encoded();
