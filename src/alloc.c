@@ -92,14 +92,17 @@ HAK_API void* hak_realloc(void* p, size_t size) {
     HAK_VG_RESIZED(p, p, usable);
     return p;
   }
-  /* A buffer that grows a second time in a row gets a home where it can go
-   * on growing without a copy, as a coalescing heap grows the block at its
-   * top: a large block at the start of the longest run of free units, which
-   * it fills in place.  At most HAK_REALLOC_HOMES of one unit live per heap,
-   * so that many buffers that stop growing small do not each hold a unit. */
+  /* A buffer that grows a second time in a row, or a first time from
+   * HAK_REALLOC_HOME_FROM bytes (where each copy costs more than a home),
+   * gets a home where it can go on growing without a copy, as a coalescing
+   * heap grows the block at its top: a large block at the start of the
+   * longest run of free units, which it fills in place.  At most
+   * HAK_REALLOC_HOMES of one unit live per heap, so that many buffers that
+   * stop growing small do not each hold a unit. */
   hak_heap_t* heap = hak_tls_heap;
   void* q = NULL;
-  if (size > usable && ~(uintptr_t)p == heap->realloc_last && heap->homes < HAK_REALLOC_HOMES &&
+  if (size > usable && (~(uintptr_t)p == heap->realloc_last || usable >= HAK_REALLOC_HOME_FROM) &&
+      heap->homes < HAK_REALLOC_HOMES &&
       heap->kind == HAK_HEAP_THREAD && size <= HAK_LARGE_MAX - HAK_CANARY_SIZE) {
     q = hak_heap_alloc_home(heap, size + HAK_CANARY_SIZE);
     HAK_VG_ALLOC(q, 0);

@@ -90,6 +90,7 @@ void hak_heap_check(struct hak_heap_s* heap);
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
 #define HAK_REALLOC_HOMES 8 /* live one-unit realloc homes per heap (alloc.c) */
+#define HAK_REALLOC_HOME_FROM ((size_t)16 << 10) /* a first growth from this size gets a home */
 /* Requests above this can never be satisfied (and keep size arithmetic safe). */
 #define HAK_SIZE_LIMIT ((size_t)PTRDIFF_MAX - 2 * HAK_SEG_SIZE)
 

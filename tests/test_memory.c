@@ -462,6 +462,28 @@ static void* realloc_chain_thread(void* arg) {
     if (moves > 2) fprintf(stderr, "realloc chain to 1 MiB: %d moves\n", moves);
     free(p);
   }
+  /* A buffer that starts big moves once, at its first growth, then grows
+   * in place. */
+  for (int round = 0; round < 3; round++) {
+    size_t size = 64 << 10;
+    char* p = malloc(size);
+    REQUIRE(p != NULL);
+    memset(p, 5, size);
+    int moves = 0;
+    while (size < MIB) {
+      size_t next = size + size / 2 > MIB ? MIB : size + size / 2;
+      char* q = realloc(p, next);
+      REQUIRE(q != NULL);
+      moves += q != p;
+      CHECK(q[0] == 5 && q[size - 1] == 5);
+      memset(q, 5, next);
+      p = q;
+      size = next;
+    }
+    if (moves != 1) fprintf(stderr, "realloc chain from 64 KiB to 1 MiB: %d moves\n", moves);
+    CHECK(moves == 1);
+    free(p);
+  }
   /* Forty buffers grown three times and kept: few whole units. */
   enum { N = 40 };
   char* kept[N];
