@@ -601,8 +601,9 @@ HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
   uintptr_t delta = hak_link_delta(b);
   return (delta & (~(uintptr_t)HAK_SEG_MASK | 15)) == 0 || delta == (uintptr_t)b;
 }
-/* Handed out by malloc's fast path (its canary stands since it was carved
- * or last checked), by the slow paths. */
+/* Handed out from a page's free list (its canary stands since it was
+ * carved or last checked), and as a large block (whose end moves with its
+ * page). */
 #define hak_block_out(page, b) ((void)(page), (b)->link = 0)
 HAK_INLINE void hak_block_out_slow(const hak_page_t* page, hak_block_t* b) {
   b->link = 0;
