@@ -581,10 +581,10 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
  * or ends the list; malloc clears it when it hands the block out.  (A
  * program cannot write such a word but by chance, 1 in 2^47, or by copying
  * one out of a freed block.)  Its last word is its canary, the block's
- * address under a secret, laid when the block is carved (and when the slow
- * paths hand a block out: a large block's end moves with its page), and
- * checked, not rewritten, by every free: malloc's fast path thus touches
- * only the block's first line.  A block freed to another thread's heap
+ * address under a secret, laid when the block is carved (and when a large
+ * block is handed out: its end moves with its page), and checked, not
+ * rewritten, by every free: malloc thus touches only the block's first
+ * line.  A block freed to another thread's heap
  * sits on a list whose links cross segments; its canary is turned into the
  * freed tag (the canary under a second secret) until its owner collects it
  * and lays the canary again. */
@@ -602,8 +602,9 @@ HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
   uintptr_t delta = hak_link_delta(b);
   return (delta & (~(uintptr_t)HAK_SEG_MASK | 15)) == 0 || delta == (uintptr_t)b;
 }
-/* Handed out by malloc's fast path (its canary stands since it was carved
- * or last checked), by the slow paths. */
+/* Handed out from a page's free list (its canary stands since it was
+ * carved or last checked), and as a large block (whose end moves with its
+ * page). */
 #define hak_block_out(page, b) ((void)(page), (b)->link = 0)
 HAK_INLINE void hak_block_out_slow(const hak_page_t* page, hak_block_t* b) {
   b->link = 0;
