@@ -107,7 +107,8 @@ typedef struct hak_usage_s hak_usage_t;
 /* A page descriptor: 64 bytes, one cache line, all the fast paths touch. */
 typedef struct hak_page_s {
   hak_block_t* free;      /* blocks ready to hand out */
-  uint32_t used;          /* blocks out (remote frees not yet collected count as out) */
+  uint32_t used;          /* blocks out (remote frees not yet collected count as out),
+                             + HAK_USED_PINNED while current (hak_heap_use_page) */
   uint8_t in_full;        /* found with no free block: in no queue, div_magic 0 */
   uint8_t has_aligned;    /* holds blocks handed out at an inner aligned address */
   uint16_t head_off;      /* bytes back to the head descriptor of a multi-unit page */
@@ -462,13 +463,26 @@ HAK_INLINE void hak_heap_empty_remove(hak_heap_t* heap, hak_page_t* page) {
 }
 
 /* The class's current page is the first of its queue; the direct slots of
- * the small classes (those up to HAK_DIRECT_MAX) point at it too. */
+ * the small classes (those up to HAK_DIRECT_MAX) point at it too.  Its used
+ * count carries HAK_USED_PINNED while it is current, so that the free that
+ * empties it finds the count above 0 and takes no branch: a class whose
+ * program takes and gives back one block at a time would otherwise branch on
+ * one free in two or four, which the processor mispredicts (string_builder
+ * ran 15-20% faster without the branch).  The current page stays when it
+ * empties anyway.  The page that stops being current is never empty here
+ * (it ran out, or left the queue full) but where hak_trim retires it. */
 #define HAK_DIRECT_CLASSES (24 + HAK_SECURE) /* hak_class_of(HAK_DIRECT_MAX) + 1 */
+#define HAK_USED_PINNED ((uint32_t)1 << 31)
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
 HAK_INLINE void hak_heap_use_page(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
+  hak_page_t* old = heap->current[cls];
+  if (old != &hak_page_empty) old->used -= HAK_USED_PINNED;
+  if (page != &hak_page_empty) page->used += HAK_USED_PINNED;
   heap->current[cls] = page;
   if (cls < HAK_DIRECT_CLASSES) hak_heap_set_direct(heap, cls, page);
 }
+/* Blocks out of page, without the pin. */
+HAK_INLINE uint32_t hak_page_used(const hak_page_t* page) { return page->used & ~HAK_USED_PINNED; }
 HAK_INLINE void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
   hak_heap_use_page(heap, cls, heap->queue[cls].first ? heap->queue[cls].first : &hak_page_empty);
 }

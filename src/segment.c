@@ -216,7 +216,7 @@ void hak_segments_usage(hak_usage_t* usage) {
         u++;
         continue;
       }
-      size_t used = __atomic_load_n(&page->used, __ATOMIC_RELAXED);
+      size_t used = __atomic_load_n(&page->used, __ATOMIC_RELAXED) & ~HAK_USED_PINNED;
       size_t fit = __atomic_load_n(&page->reserved, __ATOMIC_RELAXED);
       size_t block = __atomic_load_n(&page->block_size, __ATOMIC_RELAXED);
       uint8_t cls = __atomic_load_n(&page->cls, __ATOMIC_RELAXED);
