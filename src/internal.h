@@ -489,12 +489,14 @@ HAK_INLINE void hak_heap_set_current(hak_heap_t* heap, unsigned cls) {
 
 /* ---- inline helpers ------------------------------------------------------ */
 
-/* Size -> class, for 0 < size <= HAK_CLASS_MAX_SIZE. */
+/* Size -> class, for 0 < size <= HAK_CLASS_MAX_SIZE.  Above the 16-byte
+ * steps by a table of 64-byte steps (every class size there is a multiple
+ * of 64): one load instead of a bit scan and five more instructions on the
+ * fast path of malloc's mid sizes. */
+extern uint8_t hak_class_by_64[HAK_CLASS_MAX_SIZE / 64 + 1];
 HAK_INLINE unsigned hak_class_of(size_t size) {
   if (size <= HAK_CLASS_STEP_MAX) return size <= 16 ? 0 : (unsigned)((size - 1) >> 4);
-  size_t s = size - 1;
-  unsigned k = 63u - (unsigned)__builtin_clzl(s); /* 2^k <= s < 2^(k+1) */
-  return 16u + (k - 8u) * 4u + (unsigned)((s >> (k - 2)) & 3u);
+  return hak_class_by_64[(size + 63) >> 6];
 }
 
 /* Bits idx .. idx+n-1 of a segment's unit bitmaps (idx + n <= 32). */
