@@ -113,19 +113,24 @@ typedef struct hak_page_s {
   uint8_t has_aligned;    /* holds blocks handed out at an inner aligned address */
   uint16_t head_off;      /* bytes back to the head descriptor of a multi-unit page */
   uint32_t block_size;
-  uint32_t capacity;      /* blocks carved so far */
-  uint32_t reserved;      /* blocks that fit */
+  uint16_t capacity;      /* blocks carved so far */
+  uint16_t reserved;      /* blocks that fit (at most 4096: 16-byte blocks in a unit) */
   uint8_t cls;            /* size class, or HAK_CLASS_LARGE */
   uint8_t units;          /* units spanned; 0 in a descriptor that heads no page */
   uint8_t index;          /* unit index of the head within its segment */
   uint8_t home;           /* a large block realloc placed to grow in place (alloc.c) */
-  uint8_t* start;         /* first block */
+  uint32_t start_lo;      /* the low 32 bits of the first block's address (it lies in
+                             the descriptor's segment, hak_page_start) */
   /* UINT64_MAX / block_size + 1: an offset d below 2^32 is a multiple of the
    * block size iff d * div_magic < div_magic (Lemire, Kaser and Kurz), so
    * free checks that p starts a block with one multiply.  0 in a descriptor
    * of no page and while the page is full (in_full): every free of it then
    * takes the slow path, which puts the page back in its queue. */
   uint64_t div_magic;
+  /* The owner thread's id (hak_thread_id) while it lives, else 0: the
+   * segment's owner, stamped on its pages (hak_segment_set_owner_tid) so
+   * that free checks it on the line it reads anyway, not on the header's. */
+  _Atomic uintptr_t owner_tid;
   union {
     struct { /* in the class queue or the heap's empty pages */
       struct hak_page_s* next;
@@ -136,19 +141,12 @@ typedef struct hak_page_s {
   };
 } hak_page_t;
 
-/* The first block of a page.  The debug build keeps it disguised in the
- * descriptor: memcheck would take it for a pointer to the block, and a lost
- * first block of a page for a reachable one. */
-#if HAK_VALGRIND
-#define HAK_PAGE_START_DISGUISE ((uintptr_t)1 << 63)
-#else
-#define HAK_PAGE_START_DISGUISE ((uintptr_t)0)
-#endif
+/* The first block of a page: in the segment of its descriptor. */
 HAK_INLINE uint8_t* hak_page_start(const hak_page_t* page) {
-  return (uint8_t*)((uintptr_t)page->start ^ HAK_PAGE_START_DISGUISE);
+  return (uint8_t*)(((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK) | (page->start_lo & HAK_SEG_MASK));
 }
 HAK_INLINE void hak_page_set_start(hak_page_t* page, uint8_t* start) {
-  page->start = (uint8_t*)((uintptr_t)start ^ HAK_PAGE_START_DISGUISE);
+  page->start_lo = (uint32_t)(uintptr_t)start;
 }
 
 typedef struct hak_page_queue_s {
@@ -161,7 +159,6 @@ enum { HAK_SEG_NORMAL = 1, HAK_SEG_HUGE = 2 };
 /* The header: 64 bytes, then the descriptors, each on a cache line of its own. */
 struct hak_segment_s {
   _Atomic(hak_heap_t*) heap;   /* owner; NULL for huge segments and free ones */
-  _Atomic uintptr_t owner_tid; /* the owner thread's id while it lives, else 0 */
   uint32_t kind;
   uint32_t free_units;         /* bit i set: unit i is free */
   uint32_t dirty_units;        /* free units still backed by memory (not purged); kept
@@ -173,7 +170,7 @@ struct hak_segment_s {
   uint32_t huge_off;           /* huge: the block's offset from the header (at most 2 MiB;
                                   not a pointer: memcheck would see the block reachable) */
   uint32_t huge_guard_page;    /* huge, secure build: the guard page after the block */
-  hak_page_t pages[HAK_UNITS];
+  _Alignas(64) hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
   uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
                                          staying free the delay; 0 if not so (learn.c) */
@@ -548,7 +545,7 @@ HAK_INLINE hak_heap_t* hak_segment_heap(hak_segment_t* seg) {
 
 /* Whether p is the start of a block of page (false for a descriptor in no page). */
 HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
-  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)hak_page_start(page));
+  uint32_t off = (uint32_t)(uintptr_t)p - page->start_lo;
   /* Relaxed atomic: a remote free reads it while the owner may move the page. */
   uint64_t magic = __atomic_load_n(&page->div_magic, __ATOMIC_RELAXED);
   return (uint64_t)off * magic < magic;
@@ -556,7 +553,7 @@ HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
 
 /* The same test for a page found full, whose div_magic is 0 meanwhile. */
 HAK_INLINE bool hak_is_block_start_full(const hak_page_t* page, const void* p) {
-  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)hak_page_start(page));
+  uint32_t off = (uint32_t)(uintptr_t)p - page->start_lo;
   return (uint64_t)off * page->full_magic < page->full_magic;
 }
 
@@ -565,7 +562,7 @@ HAK_INLINE bool hak_is_block_start_full(const hak_page_t* page, const void* p) {
  * block is out, whatever state the owner moves the page through. */
 extern uint64_t hak_class_magic[HAK_CLASSES];
 HAK_INLINE bool hak_is_class_block_start(const hak_page_t* page, const void* p) {
-  uint32_t off = (uint32_t)((uintptr_t)p - (uintptr_t)hak_page_start(page));
+  uint32_t off = (uint32_t)(uintptr_t)p - page->start_lo;
   uint64_t magic = hak_class_magic[page->cls];
   return (uint64_t)off * magic < magic;
 }
@@ -705,7 +702,7 @@ HAK_INLINE void hak_free_inline(void* p) {
   }
   hak_segment_t* seg = hak_segment_of(p);
   hak_page_t* page = hak_page_of(seg, p);
-  if (likely(atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) == hak_thread_id() &&
+  if (likely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) == hak_thread_id() &&
              hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
     hak_block_t* head = page->free;
@@ -758,6 +755,7 @@ void hak_write_fd(int fd, const char* s);
 /* segment.c */
 void hak_segmap_set(const void* at, unsigned value);
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap);
+void hak_segment_set_owner_tid(hak_segment_t* seg, uintptr_t tid, memory_order order);
 void hak_segment_release(hak_segment_t* seg);
 int hak_segment_find_units(hak_segment_t* seg, unsigned n, bool* backed);
 void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n);
