@@ -51,7 +51,7 @@ HAK_API size_t hak_usable_size(const void* p) { return hak_usable(p); }
  * (also one handed out at an inner address: aligned). */
 static bool realloc_grow_in_place(hak_segment_t* seg, hak_page_t* page, void* p, size_t size) {
   if (page->cls != HAK_CLASS_LARGE || size > HAK_LARGE_MAX ||
-      atomic_load_explicit(&seg->owner_tid, memory_order_relaxed) != hak_thread_id())
+      atomic_load_explicit(&page->owner_tid, memory_order_relaxed) != hak_thread_id())
     return false;
   uint8_t* start = hak_page_start(page);
   if (!hak_page_grow(hak_tls_heap, page, (size_t)((uint8_t*)p - start) + size + HAK_CANARY_SIZE))

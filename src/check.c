@@ -19,7 +19,7 @@ static void check_page(hak_heap_t* heap, const hak_page_t* page) {
   CHECK(page->units > 0 && page->head_off == 0, "queued descriptor is not a page head");
   CHECK(&seg->pages[page->index] == page, "page index");
   CHECK((seg->free_units & hak_unit_mask(page->index, page->units)) == 0, "page on free units");
-  CHECK(page->used <= page->capacity && page->capacity <= page->reserved, "page counts");
+  CHECK(hak_page_used(page) <= page->capacity && page->capacity <= page->reserved, "page counts");
   if (page->cls != HAK_CLASS_LARGE) {
     CHECK(!page->in_full, "full page in a queue");
     CHECK(page->div_magic == hak_div_magic(page->block_size), "div_magic");
@@ -31,7 +31,7 @@ static void check_page(hak_heap_t* heap, const hak_page_t* page) {
               "free block outside its page");
         n++;
       }
-      CHECK(n == page->capacity - page->used, "free list length");
+      CHECK(n == page->capacity - hak_page_used(page), "free list length");
     }
   }
 }
@@ -55,6 +55,7 @@ void hak_heap_check(hak_heap_t* heap) {
     const hak_page_t* prev = NULL;
     for (const hak_page_t* page = q->first; page != NULL; prev = page, page = page->next) {
       CHECK(page->prev == prev && page->cls == c, "class queue");
+      CHECK((page->used >= HAK_USED_PINNED) == (page == q->first), "pinned page is not the current one");
       check_page(heap, page);
     }
     CHECK(q->last == prev, "class queue's last");

@@ -5,6 +5,7 @@
 uint32_t hak_class_size[HAK_CLASSES];
 uint8_t hak_class_units[HAK_CLASSES];
 uint64_t hak_class_magic[HAK_CLASSES];
+uint8_t hak_class_by_64[HAK_CLASS_MAX_SIZE / 64 + 1];
 
 /* A page should hold at least this many blocks, so that mid-size classes do not
  * churn pages (with 4 blocks a page of 16-64 KiB blocks ran out every third
@@ -25,7 +26,11 @@ void hak_classes_init(void) {
     hak_class_size[c] = (uint32_t)size;
     hak_class_units[c] = (uint8_t)units_for(size);
     hak_class_magic[c] = hak_div_magic((uint32_t)size);
-    hak_assert(hak_class_of(size) == c);
+    /* Sizes of 64-byte step i (those above 64 * (i - 1)) fall in class c if
+     * it is the first to hold 64 * i bytes. */
+    for (size_t i = c == 0 ? 0 : hak_class_size[c - 1] / 64 + 1; i <= size / 64; i++)
+      hak_class_by_64[i] = (uint8_t)c;
   }
+  for (unsigned c = 0; c < HAK_CLASSES; c++) hak_assert(hak_class_of(hak_class_size[c]) == c);
   hak_assert(hak_class_of(HAK_DIRECT_MAX) == HAK_DIRECT_CLASSES - 1);
 }

@@ -268,9 +268,9 @@ void hak_double_free(const hak_page_t* page, const void* p) {
   hak_fatal_class("double free of", p, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
 }
 
+/* (Never the current page of its class: that one is pinned.) */
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
   HAK_OBSERVE_ADD(heap->stats.free_empty[hak_stat_class(page)]);
-  if (page->cls != HAK_CLASS_LARGE && heap->current[page->cls] == page) return;
   heap_keep_empty(heap, page);
 }
 
@@ -379,6 +379,7 @@ static hak_heap_t* heap_new_locked(void) {
   }
   hak_heap_t* heap = (hak_heap_t*)heap_chunk_next;
   heap_chunk_next += size;
+  memcpy(heap->current, hak_heap_empty.current, sizeof heap->current); /* as heap_reset_current expects */
   heap->all_next = all_heaps;
   all_heaps = heap;
   hak_count(heaps, 1);
@@ -456,7 +457,7 @@ hak_heap_t* hak_thread_heap_init(void) { return thread_heap_init(NULL); }
 static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
   hak_remote_collect(heap);
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
-    heap->current[c] = &hak_page_empty; /* lets the current page retire too */
+    hak_heap_use_page(heap, c, &hak_page_empty); /* lets the current page retire too */
     for (hak_page_t *page = heap->queue[c].first, *next; page != NULL; page = next) {
       next = page->next;
       if (page->used == 0) {
@@ -467,7 +468,6 @@ static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
       }
     }
   }
-  memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
   hak_heap_flush_empty(heap);
   hak_heap_purge(heap, hak_now_ms(),
                  HAK_POLICY(purge_delay_ms) >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
@@ -621,10 +621,10 @@ bool hak_trim(void) {
     if (hak_remote_pending(heap)) hak_remote_collect(heap);
     for (unsigned c = 0; c < HAK_CLASSES; c++) {
       hak_page_t* page = heap->current[c];
-      if (page == &hak_page_empty || page->used != 0) continue;
+      if (page == &hak_page_empty || page->used != HAK_USED_PINNED) continue;
       hak_queue_remove(&heap->queue[c], page);
+      hak_heap_set_current(heap, c); /* unpinned: empty */
       hak_page_retire(heap, page);
-      hak_heap_set_current(heap, c);
     }
     hak_heap_flush_empty(heap);
     hak_heap_purge(heap, now, true);

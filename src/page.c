@@ -36,7 +36,8 @@ void hak_page_extend(hak_page_t* page) {
   if (n < HAK_SECURE_CARVE_MIN) n = HAK_SECURE_CARVE_MIN;
   if (n > HAK_SECURE_CARVE_MAX) n = HAK_SECURE_CARVE_MAX;
 #endif
-  if (n > page->reserved - page->capacity) n = page->reserved - page->capacity;
+  uint32_t left = (uint32_t)(page->reserved - page->capacity);
+  if (n > left) n = left;
 #if HAK_SECURE
   page->free = hak_secure_carve(first, bs, n, page->free);
 #else
@@ -139,6 +140,7 @@ static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx
   hak_page_t* page = &seg->pages[idx];
   page->units = (uint8_t)n;
   page->index = (uint8_t)idx;
+  atomic_store_explicit(&page->owner_tid, heap->tid, memory_order_relaxed);
   page_format(page, cls);
   hak_count(pages, 1);
   return page;
@@ -405,7 +407,7 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
       hak_segment_t* seg = *lists[l];
       seg_remove(lists[l], seg);
       atomic_store_explicit(&seg->heap, heap, memory_order_release);
-      atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
+      hak_segment_set_owner_tid(seg, heap->tid, memory_order_relaxed);
       seg_push(to[l], seg);
     }
   }
@@ -416,5 +418,5 @@ void hak_segments_set_owner(hak_heap_t* heap) {
   hak_segment_t* lists[2] = {heap->segments, heap->full_segments};
   for (int l = 0; l < 2; l++)
     for (hak_segment_t* seg = lists[l]; seg != NULL; seg = seg->next)
-      atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_release);
+      hak_segment_set_owner_tid(seg, heap->tid, memory_order_release);
 }

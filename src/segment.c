@@ -55,8 +55,13 @@ static bool registry_add(hak_segment_t* seg) {
  * heaps' segments must not match any thread id any more. */
 void hak_segments_fork_child(hak_heap_t* survivor) {
   for (size_t i = 0; i < registry_count; i++)
-    if (hak_segment_heap(registry[i]) != survivor)
-      atomic_store_explicit(&registry[i]->owner_tid, 0, memory_order_relaxed);
+    if (hak_segment_heap(registry[i]) != survivor) hak_segment_set_owner_tid(registry[i], 0, memory_order_relaxed);
+}
+
+/* The owner thread's id goes on every descriptor of the segment, page or
+ * not (a page made later takes its heap's, page_place). */
+void hak_segment_set_owner_tid(hak_segment_t* seg, uintptr_t tid, memory_order order) {
+  for (unsigned u = 0; u < HAK_UNITS; u++) atomic_store_explicit(&seg->pages[u].owner_tid, tid, order);
 }
 
 void hak_segments_lock(void) { pthread_mutex_lock(&segment_lock); }
@@ -116,7 +121,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   seg->map_size = 0;
   seg->huge_off = 0;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
-  atomic_store_explicit(&seg->owner_tid, heap->tid, memory_order_relaxed);
+  hak_segment_set_owner_tid(seg, heap->tid, memory_order_relaxed);
   hak_segmap_set(seg, HAK_MAP_SEGMENT);
   hak_count(segments, 1);
   return seg;
@@ -179,7 +184,7 @@ void hak_segment_release(hak_segment_t* seg) {
   hak_assert(seg->free_units == HAK_SEG_ALL_FREE);
   hak_segmap_set(seg, HAK_MAP_NONE);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
-  atomic_store_explicit(&seg->owner_tid, 0, memory_order_relaxed);
+  hak_segment_set_owner_tid(seg, 0, memory_order_relaxed);
   uint32_t now = hak_now_ms();
   if (HAK_POLICY(purge_delay_ms) == 0) {
     cache_clean_push(seg, now, 0);
@@ -216,7 +221,7 @@ void hak_segments_usage(hak_usage_t* usage) {
         u++;
         continue;
       }
-      size_t used = __atomic_load_n(&page->used, __ATOMIC_RELAXED);
+      size_t used = __atomic_load_n(&page->used, __ATOMIC_RELAXED) & ~HAK_USED_PINNED;
       size_t fit = __atomic_load_n(&page->reserved, __ATOMIC_RELAXED);
       size_t block = __atomic_load_n(&page->block_size, __ATOMIC_RELAXED);
       uint8_t cls = __atomic_load_n(&page->cls, __ATOMIC_RELAXED);

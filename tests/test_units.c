@@ -66,7 +66,7 @@ static void test_page_carving(void) {
   for (uint32_t i = 1; i < reserved; i++) {
     blocks[i] = hak_malloc(256 - HAK_CANARY_SIZE);
     if (hak_page_of(hak_segment_of(blocks[i]), blocks[i]) != page) outside++;
-    if (((uintptr_t)blocks[i] - (uintptr_t)page->start) % 256 != 0) outside++;
+    if (((uintptr_t)blocks[i] - (uintptr_t)hak_page_start(page)) % 256 != 0) outside++;
   }
   CHECK(outside <= 1); /* the page may already have been partly used */
   CHECK(page->used >= reserved - 1);
@@ -112,13 +112,14 @@ static void test_block_start_check(void) {
   int bad = 0;
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     hak_page_t page = {0};
-    page.start = (uint8_t*)(uintptr_t)0x10000;
+    uint8_t* start = (uint8_t*)(uintptr_t)0x10000;
+    hak_page_set_start(&page, start);
     page.block_size = hak_class_size[c];
     page.div_magic = UINT64_MAX / page.block_size + 1;
     size_t span = (size_t)hak_class_units[c] * HAK_UNIT_SIZE;
     for (size_t off = 0; off < span; off += (off % 16 == 0 ? 1 : 7)) {
       bool expect = off % page.block_size == 0;
-      if (hak_is_block_start(&page, page.start + off) != expect) bad++;
+      if (hak_is_block_start(&page, start + off) != expect) bad++;
     }
   }
   CHECK(bad == 0);
