@@ -47,7 +47,7 @@ void hak_heaps_unlock(void) {
 /* ---- current pages -------------------------------------------------------- */
 
 /* The direct slots of a small class (sizes up to HAK_DIRECT_MAX, by 16 bytes). */
-void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
+HAK_NOINLINE void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   size_t size = hak_class_size[cls];
   size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
   for (size_t s = lo; s <= size / 16 && s < HAK_DIRECT_SLOTS; s++) heap->direct[s] = page;
@@ -68,6 +68,17 @@ static inline int hak_heap_kind(hak_heap_t* heap) { return __atomic_load_n(&heap
 static hak_heap_t* thread_heap_init(hak_heap_t* want);
 static bool heap_absorb_heir(hak_heap_t* heap);
 static void heap_absorb(hak_heap_t* heap, hak_heap_t* from);
+
+/* The first free block of page, the class's current page. */
+HAK_INLINE void* heap_pop(hak_heap_t* heap, hak_page_t* page) {
+  hak_block_t* b = page->free;
+  page->free = hak_block_next(b);
+  page->used++;
+  hak_block_out(page, b); /* (its canary stands, as on the fast path) */
+  hak_heap_check(heap);
+  (void)heap;
+  return b;
+}
 
 static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
@@ -113,12 +124,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     HAK_OBSERVE_ADD(heap->stats.alloc_partial[cls]);
   }
   if (heap->current[cls] != page) hak_heap_use_page(heap, cls, page); /* page is first */
-  hak_block_t* b = page->free;
-  page->free = hak_block_next(b);
-  page->used++;
-  hak_block_out(page, b); /* (its canary stands, as on the fast path) */
-  hak_heap_check(heap);
-  return b;
+  return heap_pop(heap, page);
 }
 
 /* One large block of size bytes; as a realloc home (see hak_realloc), one
@@ -162,7 +168,7 @@ static void* alloc_slow(hak_heap_t* heap, size_t size) {
   return hak_heap_alloc(heap, size);
 }
 
-void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
+HAK_NOINLINE void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
   void* p;
   if (HAK_SECURE && size <= HAK_SIZE_LIMIT) size += HAK_CANARY_SIZE; /* (else ENOMEM below) */
   if (HAK_PROF && heap->kind >= HAK_HEAP_THREAD && unlikely(hak_prof_due(heap, size)))
@@ -179,7 +185,24 @@ void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
  * countdown also ends here, with a free block left). */
 void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
   if (HAK_PROF || page == &hak_page_empty) return hak_alloc_slow(heap, size);
-  void* p = heap_alloc_class(heap, page->cls);
+  unsigned cls = page->cls;
+  hak_page_t* next = page->next;
+  void* p;
+  /* Most refills of the mid-size classes (8-block pages run out every few
+   * mallocs) find the page run out and carved, the next one in the queue with
+   * a free block, and no remote frees: that next page becomes current at
+   * once, the old one going to the back (heap_alloc_class's first step). */
+  if (likely(next != NULL && next->free != NULL && page->capacity == page->reserved && !hak_remote_pending(heap))) {
+    /* (What the fast path's table said; the sentinel is in no queue.) */
+    if (heap->current[cls] != page || heap->queue[cls].first != page || next == &hak_page_empty)
+      __builtin_unreachable();
+    hak_queue_rotate(&heap->queue[cls]);
+    hak_heap_use_page(heap, cls, next);
+    HAK_OBSERVE_ADD(heap->stats.alloc_partial[cls]);
+    p = heap_pop(heap, next);
+  } else {
+    p = heap_alloc_class(heap, cls);
+  }
   HAK_VG_ALLOC(p, 0);
   return p;
 }
