@@ -120,13 +120,16 @@ static void* alloc_aligned(size_t align, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  /* Pages start on 4 KiB boundaries, so a class whose size is a multiple of
-   * the alignment hands out aligned blocks as they are. */
+  /* Pages start on 4 KiB boundaries, but those of a class with start lines
+   * on 64-byte ones: a class whose size is a multiple of the alignment hands
+   * out aligned blocks as they are. */
   if (align <= HAK_OS_PAGE) {
     size_t rounded = (size + align - 1) & ~(align - 1);
     if (rounded == 0) rounded = align;
     size_t block = rounded + HAK_CANARY_SIZE;
-    if (block <= HAK_CLASS_MAX_SIZE && hak_class_size[hak_class_of(block)] % align == 0)
+    unsigned cls = block <= HAK_CLASS_MAX_SIZE ? hak_class_of(block) : 0;
+    if (block <= HAK_CLASS_MAX_SIZE && hak_class_size[cls] % align == 0 &&
+        (align <= 64 || hak_class_start_lines[cls] == 1))
       return hak_alloc_inline(rounded);
   }
   size_t need = size + align - HAK_ALIGN;

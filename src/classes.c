@@ -4,6 +4,7 @@
 
 uint32_t hak_class_size[HAK_CLASSES];
 uint8_t hak_class_units[HAK_CLASSES];
+uint16_t hak_class_start_lines[HAK_CLASSES];
 uint64_t hak_class_magic[HAK_CLASSES];
 uint8_t hak_class_by_64[HAK_CLASS_MAX_SIZE / 64 + 1];
 
@@ -25,6 +26,8 @@ void hak_classes_init(void) {
     size_t size = c < 16 ? 16u * (c + 1) : (size_t)((c - 16) % 4 + 5) << ((c - 16) / 4 + 6);
     hak_class_size[c] = (uint32_t)size;
     hak_class_units[c] = (uint8_t)units_for(size);
+    size_t bytes = (size_t)hak_class_units[c] * HAK_UNIT_SIZE;
+    hak_class_start_lines[c] = (uint16_t)((bytes - bytes / size * size) / 64 + 1);
     hak_class_magic[c] = hak_div_magic((uint32_t)size);
     /* Sizes of 64-byte step i (those above 64 * (i - 1)) fall in class c if
      * it is the first to hold 64 * i bytes. */

@@ -302,6 +302,12 @@ extern hak_heap_t hak_heap_dead;   /* a thread whose heap was abandoned at exit 
 extern hak_page_t hak_page_empty;  /* a page with no free block */
 extern uint32_t hak_class_size[HAK_CLASSES];
 extern uint8_t hak_class_units[HAK_CLASSES];
+/* A class page starts this many cache-line offsets apart, 0 .. n-1 lines
+ * into its first unit (page.c, page_format), within the tail its blocks
+ * leave: the first lines of blocks whose size is a multiple of 1-4 KiB would
+ * otherwise all fall in the same few cache sets.  A class with more than one
+ * aligns its blocks to 64 bytes only (alloc.c, alloc_aligned). */
+extern uint16_t hak_class_start_lines[HAK_CLASSES];
 
 /* Segment map: one byte per 2 MiB of the 47-bit address space (64 MiB of
  * address space, of which only the pages covering hakmem's own segments are
