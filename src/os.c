@@ -98,20 +98,19 @@ bool hak_os_guard_marks(void) {
  * the huge-block arena (a huge mapping of its own is resized by code built
  * around mprotect's split mappings).  Where the kernel lacks them,
  * mprotect (hak_os_guard_marks says which). */
-bool hak_os_guard_mark(void* p, size_t size) {
-  if (!hak_os_guard_marks()) return hak_os_guard(p, size);
+static bool guard_marker(void* p, size_t size, int advice) {
   int saved = errno;
-  bool ok = madvise(p, size, MADV_GUARD_INSTALL) == 0;
+  bool ok = madvise(p, size, advice) == 0;
   errno = saved;
   return ok;
 }
 
+bool hak_os_guard_mark(void* p, size_t size) {
+  return hak_os_guard_marks() ? guard_marker(p, size, MADV_GUARD_INSTALL) : hak_os_guard(p, size);
+}
+
 bool hak_os_guard_unmark(void* p, size_t size) {
-  if (!hak_os_guard_marks()) return hak_os_unguard(p, size);
-  int saved = errno;
-  bool ok = madvise(p, size, MADV_GUARD_REMOVE) == 0;
-  errno = saved;
-  return ok;
+  return hak_os_guard_marks() ? guard_marker(p, size, MADV_GUARD_REMOVE) : hak_os_unguard(p, size);
 }
 
 /* Applies HAKMEM_THP to a fresh mapping of segments or a huge block. */

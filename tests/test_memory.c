@@ -436,49 +436,42 @@ static char* grown_buffer(void) {
   return p;
 }
 
+/* Grows a buffer of start bytes by realloc, 1.5x a step, to 1 MiB, its
+ * contents checked at each step (first byte 42, the rest 7); returns how
+ * many steps moved it. */
+static int realloc_chain_moves(size_t start) {
+  size_t size = start;
+  char* p = malloc(size);
+  REQUIRE(p != NULL);
+  p[0] = 42;
+  memset(p + 1, 7, size - 1);
+  int moves = 0;
+  while (size < MIB) {
+    size_t next = size + size / 2 > MIB ? MIB : size + size / 2;
+    char* q = realloc(p, next);
+    REQUIRE(q != NULL);
+    moves += q != p;
+    CHECK(q[0] == 42 && q[size - 1] == 7);
+    memset(q + 1, 7, next - 1);
+    p = q;
+    size = next;
+  }
+  free(p);
+  return moves;
+}
+
 static void* realloc_chain_thread(void* arg) {
   for (int round = 0; round < 3; round++) {
-    size_t size = 16;
-    char* p = malloc(size);
-    REQUIRE(p != NULL);
-    p[0] = 42;
-    memset(p + 1, 7, size - 1);
-    int moves = 0;
-    while (size < MIB) {
-      size_t next = size + size / 2 > MIB ? MIB : size + size / 2;
-      char* q = realloc(p, next);
-      REQUIRE(q != NULL);
-      moves += q != p;
-      CHECK(q[0] == 42 && q[size - 1] == 7);
-      memset(q + 1, 7, next - 1);
-      p = q;
-      size = next;
-    }
+    int moves = realloc_chain_moves(16);
     CHECK(moves <= 2);
     if (moves > 2) fprintf(stderr, "realloc chain to 1 MiB: %d moves\n", moves);
-    free(p);
   }
   /* A buffer that starts big moves once, at its first growth, then grows
    * in place. */
   for (int round = 0; round < 3; round++) {
-    size_t size = 64 << 10;
-    char* p = malloc(size);
-    REQUIRE(p != NULL);
-    memset(p, 5, size);
-    int moves = 0;
-    while (size < MIB) {
-      size_t next = size + size / 2 > MIB ? MIB : size + size / 2;
-      char* q = realloc(p, next);
-      REQUIRE(q != NULL);
-      moves += q != p;
-      CHECK(q[0] == 5 && q[size - 1] == 5);
-      memset(q, 5, next);
-      p = q;
-      size = next;
-    }
+    int moves = realloc_chain_moves(64 << 10);
     if (moves != 1) fprintf(stderr, "realloc chain from 64 KiB to 1 MiB: %d moves\n", moves);
     CHECK(moves == 1);
-    free(p);
   }
   /* Forty buffers grown three times and kept: few whole units. */
   enum { N = 40 };
