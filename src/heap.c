@@ -315,7 +315,6 @@ void hak_heap_flush_empty(hak_heap_t* heap) {
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   if (unlikely(b == page->free)) hak_double_free(page, b);
   hak_block_set_next(b, page->free);
-  hak_block_mark_free(b);
   page->free = b;
   if (page->in_full) {
     page->in_full = 0;
@@ -525,9 +524,6 @@ static void abandoned_collect(void) {
  * the heap where the next thread (or a live one short of memory) takes it. */
 void hak_thread_heap_done(hak_heap_t* heap) {
   if (heap->kind != HAK_HEAP_THREAD) return;
-#if HAK_SECURE
-  hak_quarantine_drain(heap);
-#endif
   global_heap_collect();
   abandoned_collect();
   heap_trim_abandoned(heap, false);
@@ -645,9 +641,6 @@ bool hak_trim(void) {
   uint32_t now = hak_now_ms();
   hak_heap_t* heap = hak_tls_heap;
   if (heap->kind == HAK_HEAP_THREAD) {
-#if HAK_SECURE
-    hak_quarantine_drain(heap);
-#endif
     if (hak_remote_pending(heap)) hak_remote_collect(heap);
     for (unsigned c = 0; c < HAK_CLASSES; c++) {
       hak_page_t* page = heap->current[c];

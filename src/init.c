@@ -80,10 +80,6 @@ __attribute__((constructor(101))) static void hak_constructor(void) {
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {
-#if HAK_SECURE
-  /* The main thread's freed blocks still waiting to be checked. */
-  if (hak_tls_heap->kind == HAK_HEAP_THREAD) hak_quarantine_drain(hak_tls_heap);
-#endif
   hak_prof_at_exit();
   if (HAK_POLICY(stats) != HAK_STATS_OFF) hak_stats_at_exit(stats_fd >= 0 ? stats_fd : 2);
 }

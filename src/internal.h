@@ -29,12 +29,6 @@
 #ifndef HAK_SECURE
 #define HAK_SECURE 0 /* 1 in the secure build (make secure): see "the secure build" below */
 #endif
-#if HAK_SECURE
-/* The secure build's quarantine of freed blocks (see hak_quarantine_swap):
- * its slots per thread, and the largest blocks that go through it. */
-#define HAK_QUARANTINE_SLOTS 64
-#define HAK_QUARANTINE_BLOCK_MAX 1024
-#endif
 #ifndef HAK_VALGRIND
 #define HAK_VALGRIND 0 /* 1 in the debug build: blocks annotated for memcheck (below) */
 #endif
@@ -239,10 +233,6 @@ struct hak_heap_s {
   uintptr_t realloc_last;               /* ~address of the block the last growing realloc moved to
                                            (inverted: no pointer for memcheck to see a leak through) */
   uint32_t homes;                       /* live one-unit realloc homes (HAK_REALLOC_HOMES) */
-#if HAK_SECURE
-  /* Blocks freed but not yet checked nor put back (hak_quarantine_swap). */
-  struct hak_block_s* quarantine[HAK_QUARANTINE_SLOTS];
-#endif
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
@@ -605,93 +595,56 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 }
 
 #if HAK_SECURE
-/* A block's marks.  Its last word is its canary, the block's address under
- * a secret, laid when the block is carved (and when a large block is handed
- * out: its end moves with its page) and checked, not rewritten, by every
- * free.  Its second word tells a free block: on a page's free list it holds
- * the freed tag (the canary under a second secret), which malloc replaces
- * with the canary when it hands the block out (for 16-byte blocks that word
- * is the canary's; for the others it is a word of the program's, on the line
- * malloc reads anyway); freeing a block with the tag there is a double free.
- * Its first word holds the link on a free list, and malloc clears it (the
- * program would otherwise see an encoded link, from which the key follows).
- * A block freed to another thread's heap sits on a list whose links cross
- * segments; its canary is turned into the freed tag until its owner
- * collects it and lays the canary again.  (A program cannot write those
- * words but by chance, or by copying one out of a freed block.) */
+/* A block's two marks.  Its first word tells a free block: there, and only
+ * there, is an encoded link, which decodes to a block of the same segment
+ * or ends the list; malloc clears it when it hands the block out.  (A
+ * program cannot write such a word but by chance, 1 in 2^47, or by copying
+ * one out of a freed block.)  Its last word is its canary, the block's
+ * address under a secret, laid when the block is carved (and when a large
+ * block is handed out: its end moves with its page), and checked, not
+ * rewritten, by every free: malloc thus touches only the block's first
+ * line.  A block freed to another thread's heap
+ * sits on a list whose links cross segments; its canary is turned into the
+ * freed tag (the canary under a second secret) until its owner collects it
+ * and lays the canary again. */
 HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
-HAK_INLINE uintptr_t* hak_free_mark_at(const void* b) { return (uintptr_t*)b + 1; }
 HAK_INLINE uintptr_t hak_canary_word(const void* b) { return (uintptr_t)b ^ hak_secret[2]; }
 HAK_INLINE uintptr_t hak_freed_word(const void* b) { return hak_canary_word(b) ^ hak_secret[1]; }
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
   *hak_canary_at(page, b) = hak_canary_word(b);
 }
+/* Whether b's first word is a link of a page's free list: a block of its
+ * segment (tested as in hak_block_next) or the end. */
+HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
+  uintptr_t delta = hak_link_delta(b);
+  return (delta & (~(uintptr_t)HAK_SEG_MASK | 15)) == 0 || delta == (uintptr_t)b;
+}
 /* Handed out from a page's free list (its canary stands since it was
  * carved or last checked), and as a large block (whose end moves with its
  * page). */
-HAK_INLINE void hak_block_out(const hak_page_t* page, hak_block_t* b) {
-  (void)page;
-  b->link = 0;
-  *hak_free_mark_at(b) = hak_canary_word(b);
-}
+#define hak_block_out(page, b) ((void)(page), (b)->link = 0)
 HAK_INLINE void hak_block_out_slow(const hak_page_t* page, hak_block_t* b) {
-  hak_block_out(page, b);
+  b->link = 0;
   hak_canary_set(page, b);
 }
-/* Put on a page's free list (after its link). */
-HAK_INLINE void hak_block_mark_free(hak_block_t* b) { *hak_free_mark_at(b) = hak_freed_word(b); }
-/* Reports a block freed that is free already or whose canary is not intact
- * (or, out of the quarantine, whose first word is not the quarantine's). */
+/* Reports a block freed that is linked or whose canary is not intact. */
 HAK_COLD __attribute__((noreturn)) void hak_bad_free(const hak_page_t* page, const void* b);
-/* A block the program frees: not marked free (else it is free already), its
+/* A block the program frees: not linked (else it is free already), its
  * canary intact (else it was freed to another thread, or written past its
  * end).  (One report call for both: the fast path then needs no frame.) */
 HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
-  if (unlikely(*hak_free_mark_at(b) == hak_freed_word(b)) || unlikely(*hak_canary_at(page, b) != hak_canary_word(b)))
+  if (unlikely(hak_block_linked(b)) || unlikely(*hak_canary_at(page, b) != hak_canary_word(b)))
     hak_bad_free(page, b);
 }
 /* Freed to another thread's heap: tagged, until collected. */
 #define hak_block_tag(page, b) ((void)(*hak_canary_at(page, b) = hak_freed_word(b)))
 #define hak_block_collected(page, b) hak_canary_set(page, b)
-
-/* The quarantine.  Checking a block at its free means reading its first
- * and last words, and a program that frees blocks it wrote long ago (larson)
- * waits for memory at every free.  So a free of a block up to
- * HAK_QUARANTINE_BLOCK_MAX bytes only stores into it (its first word
- * becomes the quarantine's mark, a link that ends a list), asks for its
- * canary's line and takes its slot of the thread's quarantine (a table
- * indexed by a hash of the address); the block that held the slot, freed
- * some frees before and its lines fetched meanwhile, is checked and put on
- * its page's free list.  The same block freed again while in the
- * quarantine is in its slot: a double free, found at once.  A block in the
- * quarantine counts as in use, so no page holding one is empty; the
- * quarantine is drained (hak_quarantine_drain) when its thread ends, by
- * malloc_trim and at exit.  Returns the block to release, or NULL. */
-HAK_INLINE hak_block_t* hak_quarantine_swap(hak_heap_t* heap, const hak_page_t* page, hak_block_t* b) {
-  hak_block_t** slot = &heap->quarantine[((uintptr_t)b * 0x9e3779b97f4a7c15ull) >> (64 - 6)];
-  _Static_assert(HAK_QUARANTINE_SLOTS == 64, "the hash above takes 6 bits");
-  hak_block_t* q = *slot;
-  if (unlikely(q == b)) hak_double_free(page, b);
-  *slot = b;
-  hak_block_set_next(b, NULL);
-  __builtin_prefetch(hak_canary_at(page, b));
-  return q;
-}
-/* A block out of the quarantine: its mark still there (else the program
- * wrote into it after freeing it), not free, its canary intact. */
-HAK_INLINE void hak_block_released(const hak_page_t* page, hak_block_t* b) {
-  if (unlikely(b->link != (__builtin_bswap64((uintptr_t)b) ^ hak_secret[0])) ||
-      unlikely(*hak_free_mark_at(b) == hak_freed_word(b)) || unlikely(*hak_canary_at(page, b) != hak_canary_word(b)))
-    hak_bad_free(page, b);
-}
-void hak_quarantine_drain(hak_heap_t* heap);
 #else
 #define hak_canary_set(page, b) ((void)0)
 #define hak_block_out(page, b) ((void)0)
 #define hak_block_out_slow(page, b) ((void)0)
-#define hak_block_mark_free(b) ((void)0)
 #define hak_block_in(page, b) ((void)0)
 #define hak_block_tag(page, b) ((void)0)
 #define hak_block_collected(page, b) ((void)0)
@@ -704,7 +657,6 @@ void* hak_alloc_slow(hak_heap_t* heap, size_t size);
 void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size);
 void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p);
 void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page);
-void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b);
 HAK_COLD void hak_free_special(void* p);
 
 /* ---- the fast paths ------------------------------------------------------ */
@@ -761,28 +713,11 @@ HAK_INLINE void hak_free_inline(void* p) {
   if (likely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) == hak_thread_id() &&
              hak_is_block_start(page, p))) {
     hak_block_t* b = (hak_block_t*)p;
-#if HAK_SECURE
-    /* (Its checks find every double free, the block freed last included.) */
-    if (likely(page->block_size <= HAK_QUARANTINE_BLOCK_MAX)) {
-      hak_heap_t* heap = hak_tls_heap;
-      b = hak_quarantine_swap(heap, page, b);
-      if (b == NULL) return;
-      page = hak_page_of(hak_segment_of(b), b);
-      hak_block_released(page, b);
-      if (unlikely(page->in_full)) {
-        hak_heap_free_local(heap, page, b);
-        return;
-      }
-    } else {
-      hak_block_in(page, b);
-    }
-    hak_block_mark_free(b);
     hak_block_t* head = page->free;
-#else
-    hak_block_t* head = page->free;
-    /* The block freed last, again. */
-    if (unlikely(b == head)) hak_double_free(page, p);
-#endif
+    /* The block freed last, again (the secure build's canary check, next,
+     * finds every double free, this one included). */
+    if (!HAK_SECURE && unlikely(b == head)) hak_double_free(page, p);
+    hak_block_in(page, b);
     hak_block_set_next(b, head);
     page->free = b;
 #if HAK_OBSERVE

@@ -40,7 +40,9 @@ void hak_secure_init(void) {
   uint64_t salt = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uintptr_t)&ts;
   for (int i = 0; i < 3; i++) {
     uint64_t k = mix64(seed[i] ^ mix64(salt + (uint64_t)i));
-    /* Odd, so not zero: a zero key would store links in the clear. */
+    /* Odd, so not zero: a zero key would store links in the clear, and the
+     * link key's low byte not zero makes a cleared first word (a block just
+     * handed out) decode to no link (hak_block_linked). */
     hak_secret[i] = (uintptr_t)(k | 1u) ^ ((uintptr_t)i << 1);
   }
 }
@@ -81,14 +83,12 @@ hak_block_t* hak_secure_carve(uint8_t* first, uint32_t bs, uint32_t n, hak_block
   rng_state = s;
   /* (hak_block_set_next and hak_canary_word, the secrets read once: the
    * compiler cannot tell that the stores leave them alone.) */
-  const uintptr_t link_key = hak_secret[0], canary_key = hak_secret[2], freed_key = canary_key ^ hak_secret[1];
+  const uintptr_t link_key = hak_secret[0], canary_key = hak_secret[2];
   uintptr_t list = (uintptr_t)tail;
   for (uint32_t i = 0; i < n; i++) {
     uint8_t* b = first + (size_t)order[i] * bs;
     ((hak_block_t*)b)->link = __builtin_bswap64(list ^ (uintptr_t)b) ^ link_key;
     *(uintptr_t*)(b + bs - HAK_CANARY_SIZE) = (uintptr_t)b ^ canary_key;
-    /* (After the canary: in a 16-byte block they share the word.) */
-    *hak_free_mark_at(b) = (uintptr_t)b ^ freed_key;
     list = (uintptr_t)b;
   }
   return (hak_block_t*)list;
@@ -98,29 +98,12 @@ void hak_bad_link(const void* at) {
   hak_fatal("corrupted free list (a freed block was written to) at", at);
 }
 
-/* A block freed that is free already (the freed tag in its second word,
- * or in place of its canary: on another heap's remote list), whose last
- * word is not its canary (a write past its end), or, out of the
- * quarantine, whose first word is no longer the quarantine's mark. */
+/* A block freed that is linked (free already), or whose last word is not
+ * its canary: the freed tag of a block on another heap's list, else a write
+ * past its end. */
 void hak_bad_free(const hak_page_t* page, const void* b) {
-  uintptr_t canary = *hak_canary_at(page, b);
-  if (*hak_free_mark_at(b) == hak_freed_word(b) || canary == hak_freed_word(b)) hak_double_free(page, b);
-  if (canary != hak_canary_word(b))
-    hak_fatal_class("write past the end of the block", b, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
-  hak_bad_link(b);
-}
-
-/* Checks the blocks of heap's quarantine and puts them on their free lists
- * (a page may empty). */
-void hak_quarantine_drain(hak_heap_t* heap) {
-  for (unsigned i = 0; i < HAK_QUARANTINE_SLOTS; i++) {
-    hak_block_t* b = heap->quarantine[i];
-    if (b == NULL) continue;
-    heap->quarantine[i] = NULL;
-    hak_page_t* page = hak_page_of(hak_segment_of(b), b);
-    hak_block_released(page, b);
-    hak_heap_free_local(heap, page, b);
-  }
+  if (hak_block_linked(b) || *hak_canary_at(page, b) == hak_freed_word(b)) hak_double_free(page, b);
+  hak_fatal_class("write past the end of the block", b, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
 }
 
 #endif

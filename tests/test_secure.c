@@ -122,79 +122,6 @@ static void write_after_free(void) {
   (void)s;
 }
 
-/* The quarantine (freed blocks up to 1 KiB are checked and put back some
- * frees later): a block freed twice while the first free still waits
- * there; a block written past its end, reported when the quarantine's
- * check reaches it (here the drain at exit); one written after its free
- * while it waits; the same found by malloc_trim's drain. */
-static void double_free_quarantined(void) {
-  void* a = malloc(200);
-  free(a);
-  free(a);
-}
-
-static void overflow_quarantined(void) {
-  char* p = hak_launder(malloc(100));
-  p[malloc_usable_size(p)] = 'x';
-  free(p);
-  for (int i = 0; i < 1000; i++) free(malloc(32)); /* the program goes on */
-}
-
-static void write_in_quarantine(void) {
-  uintptr_t* p = malloc(300);
-  free(p);
-  p[0] = 0;
-}
-
-static void overflow_trimmed(void) {
-  char* p = hak_launder(malloc(700));
-  memset(p, 'z', malloc_usable_size(p) + 1);
-  free(p);
-  malloc_trim(0);
-  _exit(0); /* (not reported at exit: malloc_trim must find it) */
-}
-
-/* A thread's quarantine is drained when it ends: a block it wrote past the
- * end is reported at its exit, and 200 threads that each free all they
- * took leave nothing in use. */
-static void* alloc_free_many(void* arg) {
-  (void)arg;
-  void* b[500];
-  for (int i = 0; i < 500; i++) b[i] = malloc((size_t)(16 + (i % 60) * 16));
-  for (int i = 0; i < 500; i++) free(b[i]);
-  return NULL;
-}
-
-static void* overflow_then_exit(void* arg) {
-  (void)arg;
-  char* p = hak_launder(malloc(40));
-  p[malloc_usable_size(p)] = 'x';
-  free(p);
-  return NULL;
-}
-
-static void overflow_thread_exit(void) {
-  pthread_t t;
-  pthread_create(&t, NULL, overflow_then_exit, NULL);
-  pthread_join(t, NULL);
-  _exit(0); /* (not reported at exit: the thread's end must find it) */
-}
-
-static void check_quarantine_drained_at_thread_exit(void) {
-  struct mallinfo2 before = mallinfo2();
-  for (int i = 0; i < 200; i++) {
-    pthread_t t;
-    REQUIRE(pthread_create(&t, NULL, alloc_free_many, NULL) == 0);
-    REQUIRE(pthread_join(t, NULL) == 0);
-  }
-  struct mallinfo2 after = mallinfo2();
-  if (after.uordblks > before.uordblks + 64 * 1024) {
-    fprintf(stderr, "quarantine at thread exit: %zu bytes in use after 200 threads, %zu before\n",
-            after.uordblks, before.uordblks);
-    hak_test_failures++;
-  }
-}
-
 static void write_guard_after_header(void) {
   char* p = malloc(64);
   volatile char* guard = (char*)(((uintptr_t)p & ~(SEG_SIZE - 1)) + 4096);
@@ -314,19 +241,15 @@ static void check_random_order(void) {
 
 /* A freed block's link is not the next block's address in the clear. */
 static void check_links_encoded(void) {
-  void* keep = malloc(64); /* (keeps their page through malloc_trim) */
   void** p = malloc(64);
   void** q = malloc(64);
   free(q);
-  malloc_trim(0); /* (each out of the quarantine onto its free list, in turn) */
-  free(p);
-  malloc_trim(0); /* p links to q */
+  free(p);                    /* p links to q */
   uintptr_t link = *(volatile uintptr_t*)p; /* a deliberate read after free */
   CHECK(link != (uintptr_t)q);
   CHECK(link != 0);
   CHECK(malloc(64) == (void*)p);
   CHECK(malloc(64) == (void*)q);
-  free(keep);
 }
 
 /* Ordinary use stays intact: usable sizes hold their bytes, realloc keeps
@@ -466,12 +389,6 @@ int main(int argc, char** argv) {
   check_reported("overflow-small", overflow_small, "write past the end of the block");
   check_reported("overflow-mid", overflow_mid, "write past the end of the block");
   check_reported("write-after-free", write_after_free, "corrupted free list");
-  check_reported("double-free-quarantined", double_free_quarantined, "double free of");
-  check_reported("overflow-quarantined", overflow_quarantined, "write past the end of the block");
-  check_reported("write-in-quarantine", write_in_quarantine, "corrupted free list");
-  check_reported("overflow-trimmed", overflow_trimmed, "write past the end of the block");
-  check_reported("overflow-thread-exit", overflow_thread_exit, "write past the end of the block");
-  check_quarantine_drained_at_thread_exit();
   check_guards();
   check_guards_without_markers();
   check_address_named();

@@ -180,16 +180,13 @@ static inline int hak_run_self(const char* arg, const char* const* env, char* ou
 static inline int hak_run_child(void (*fn)(void), char* out, size_t cap) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
-  fflush(NULL); /* (the child exits through exit: nothing of ours twice) */
   pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid == 0) {
     close(fds[0]);
     dup2(fds[1], 2);
     fn();
-    /* A normal exit, which runs the allocator's exit hooks: the secure
-     * build checks there the blocks its quarantine still holds. */
-    exit(0);
+    _exit(0);
   }
   close(fds[1]);
   hak_read_all(fds[0], out, cap);
