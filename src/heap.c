@@ -74,7 +74,7 @@ HAK_INLINE void* heap_pop(hak_heap_t* heap, hak_page_t* page) {
   hak_block_t* b = page->free;
   page->free = hak_block_next(b);
   page->used++;
-  hak_block_out(page, b);
+  hak_block_out(page, b); /* (its canary stands, as on the fast path) */
   hak_heap_check(heap);
   (void)heap;
   return b;
@@ -146,7 +146,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size, bool home) {
     page->home = 1;
     heap->homes++;
   }
-  hak_block_out(page, b);
+  hak_block_out_slow(page, b);
   hak_heap_check(heap);
   return b;
 }
@@ -223,7 +223,7 @@ static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t*
   hak_heap_t* self = hak_tls_heap;
   if (self->kind == HAK_HEAP_THREAD) HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
 #endif
-  hak_block_tag(page, b);
+  hak_block_tag(page, b); /* (its link crosses segments: the freed tag marks it) */
   hak_remote_push(owner, b);
 }
 
@@ -314,7 +314,6 @@ void hak_heap_flush_empty(hak_heap_t* heap) {
 /* Frees block b (its start) of a page that heap owns. */
 void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   if (unlikely(b == page->free)) hak_double_free(page, b);
-  hak_block_tag(page, b); /* (a block collected from a remote list has it already) */
   hak_block_set_next(b, page->free);
   page->free = b;
   if (page->in_full) {

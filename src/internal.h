@@ -595,18 +595,18 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 }
 
 #if HAK_SECURE
-/* A block's last word is its mark: while it is out, its canary (the block's
- * address under a secret), laid by malloc when it hands the block out;
- * while it is free, on its page's free list or on a heap's remote list, the
- * freed tag (the canary under a second secret), laid when the block is
- * carved and by every free.  A free checks the canary: the freed tag there
- * is a double free, anything else a write past the usable end.  A free thus
- * reads one line of the block, its last, which it then writes (and the
- * first, as release does); malloc writes the last line too, one that a
- * program usually writes soon anyway.  (A program cannot write those words
- * but by chance, or by copying one out of a block.)  malloc also clears the
- * first word, which held the encoded link: the program would otherwise see
- * it. */
+/* A block's two marks.  Its first word tells a free block: there, and only
+ * there, is an encoded link, which decodes to a block of the same segment
+ * or ends the list; malloc clears it when it hands the block out.  (A
+ * program cannot write such a word but by chance, 1 in 2^47, or by copying
+ * one out of a freed block.)  Its last word is its canary, the block's
+ * address under a secret, laid when the block is carved (and when a large
+ * block is handed out: its end moves with its page), and checked, not
+ * rewritten, by every free: malloc thus touches only the block's first
+ * line.  A block freed to another thread's heap
+ * sits on a list whose links cross segments; its canary is turned into the
+ * freed tag (the canary under a second secret) until its owner collects it
+ * and lays the canary again. */
 HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
@@ -615,25 +615,39 @@ HAK_INLINE uintptr_t hak_freed_word(const void* b) { return hak_canary_word(b) ^
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
   *hak_canary_at(page, b) = hak_canary_word(b);
 }
-/* Handed out (from a page's free list or as a large block). */
-HAK_INLINE void hak_block_out(const hak_page_t* page, hak_block_t* b) {
+/* Whether b's first word is a link of a page's free list: a block of its
+ * segment (tested as in hak_block_next) or the end. */
+HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
+  uintptr_t delta = hak_link_delta(b);
+  return (delta & (~(uintptr_t)HAK_SEG_MASK | 15)) == 0 || delta == (uintptr_t)b;
+}
+/* Handed out from a page's free list (its canary stands since it was
+ * carved or last checked), and as a large block (whose end moves with its
+ * page). */
+#define hak_block_out(page, b) ((void)(page), (b)->link = 0)
+HAK_INLINE void hak_block_out_slow(const hak_page_t* page, hak_block_t* b) {
   b->link = 0;
   hak_canary_set(page, b);
 }
-/* Reports a block freed whose last word is not its canary. */
+/* Reports a block freed that is linked or whose canary is not intact. */
 HAK_COLD __attribute__((noreturn)) void hak_bad_free(const hak_page_t* page, const void* b);
-/* A block the program frees: its canary intact (else it is free already,
- * or was written past its end). */
+/* A block the program frees: not linked (else it is free already), its
+ * canary intact (else it was freed to another thread, or written past its
+ * end).  (One report call for both: the fast path then needs no frame.) */
 HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
-  if (unlikely(*hak_canary_at(page, b) != hak_canary_word(b))) hak_bad_free(page, b);
+  if (unlikely(hak_block_linked(b)) || unlikely(*hak_canary_at(page, b) != hak_canary_word(b)))
+    hak_bad_free(page, b);
 }
-/* Freed: tagged, until handed out again. */
+/* Freed to another thread's heap: tagged, until collected. */
 #define hak_block_tag(page, b) ((void)(*hak_canary_at(page, b) = hak_freed_word(b)))
+#define hak_block_collected(page, b) hak_canary_set(page, b)
 #else
 #define hak_canary_set(page, b) ((void)0)
 #define hak_block_out(page, b) ((void)0)
+#define hak_block_out_slow(page, b) ((void)0)
 #define hak_block_in(page, b) ((void)0)
 #define hak_block_tag(page, b) ((void)0)
+#define hak_block_collected(page, b) ((void)0)
 #endif
 
 /* ---- slow paths (out of line) ------------------------------------------- */
@@ -704,7 +718,6 @@ HAK_INLINE void hak_free_inline(void* p) {
      * finds every double free, this one included). */
     if (!HAK_SECURE && unlikely(b == head)) hak_double_free(page, p);
     hak_block_in(page, b);
-    hak_block_tag(page, b);
     hak_block_set_next(b, head);
     page->free = b;
 #if HAK_OBSERVE

@@ -25,6 +25,7 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
     if (owner == heap) {
       hak_page_t* page = hak_page_of(seg, b);
       HAK_OBSERVE_ADD(heap->stats.remote_in[hak_stat_class(page)]);
+      hak_block_collected(page, b);
       hak_heap_free_local(heap, page, b);
       collected++;
     } else

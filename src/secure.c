@@ -40,7 +40,9 @@ void hak_secure_init(void) {
   uint64_t salt = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uintptr_t)&ts;
   for (int i = 0; i < 3; i++) {
     uint64_t k = mix64(seed[i] ^ mix64(salt + (uint64_t)i));
-    /* Odd, so not zero: a zero key would store links in the clear. */
+    /* Odd, so not zero: a zero key would store links in the clear, and the
+     * link key's low byte not zero makes a cleared first word (a block just
+     * handed out) decode to no link (hak_block_linked). */
     hak_secret[i] = (uintptr_t)(k | 1u) ^ ((uintptr_t)i << 1);
   }
 }
@@ -57,7 +59,7 @@ static inline uint64_t rng_mix(uint64_t s) {
 #define RNG_STEP 0xa0761d6478bd642full
 
 /* Links the n blocks of bs bytes from first in a random order, ending with
- * tail, and lays their freed tags; returns the first of the list.  n is at
+ * tail, and lays their canaries; returns the first of the list.  n is at
  * most HAK_SECURE_CARVE_MAX.  The order is a shuffle of the indices, built
  * inside out (index i goes to a random place j <= i, whose index moves to
  * i), two steps per random word. */
@@ -79,14 +81,14 @@ hak_block_t* hak_secure_carve(uint8_t* first, uint32_t bs, uint32_t n, hak_block
     order[j] = (uint16_t)i;
   }
   rng_state = s;
-  /* (hak_block_set_next and hak_freed_word, the secrets read once: the
+  /* (hak_block_set_next and hak_canary_word, the secrets read once: the
    * compiler cannot tell that the stores leave them alone.) */
-  const uintptr_t link_key = hak_secret[0], freed_key = hak_secret[2] ^ hak_secret[1];
+  const uintptr_t link_key = hak_secret[0], canary_key = hak_secret[2];
   uintptr_t list = (uintptr_t)tail;
   for (uint32_t i = 0; i < n; i++) {
     uint8_t* b = first + (size_t)order[i] * bs;
     ((hak_block_t*)b)->link = __builtin_bswap64(list ^ (uintptr_t)b) ^ link_key;
-    *(uintptr_t*)(b + bs - HAK_CANARY_SIZE) = (uintptr_t)b ^ freed_key; /* (hak_freed_word) */
+    *(uintptr_t*)(b + bs - HAK_CANARY_SIZE) = (uintptr_t)b ^ canary_key;
     list = (uintptr_t)b;
   }
   return (hak_block_t*)list;
@@ -96,10 +98,11 @@ void hak_bad_link(const void* at) {
   hak_fatal("corrupted free list (a freed block was written to) at", at);
 }
 
-/* A block freed whose last word is not its canary: the freed tag (free
- * already), else a write past its end. */
+/* A block freed that is linked (free already), or whose last word is not
+ * its canary: the freed tag of a block on another heap's list, else a write
+ * past its end. */
 void hak_bad_free(const hak_page_t* page, const void* b) {
-  if (*hak_canary_at(page, b) == hak_freed_word(b)) hak_double_free(page, b);
+  if (hak_block_linked(b) || *hak_canary_at(page, b) == hak_freed_word(b)) hak_double_free(page, b);
   hak_fatal_class("write past the end of the block", b, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
 }
 
