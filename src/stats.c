@@ -17,7 +17,7 @@ _Static_assert(HAK_STATS_CLASSES == HAK_STAT_CLASSES, "hakmem.h's class count");
 hak_counters_t hak_counters;
 
 /* The counters at the last hak_stats_reset (gauges are not kept here). */
-static hak_stats_t baseline;
+HAK_BSS_LAST hak_stats_t hak_stats_baseline;
 static bool have_baseline;
 static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -141,7 +141,7 @@ HAK_API void hak_stats_get(hak_stats_t* out) {
     return;
   }
   /* Counters since the reset; gauges (live, committed, RSS, ...) as they are. */
-#define SINCE(f) out->f -= out->f >= baseline.f ? baseline.f : out->f
+#define SINCE(f) out->f -= out->f >= hak_stats_baseline.f ? hak_stats_baseline.f : out->f
   SINCE(mmap_calls);
   SINCE(munmap_calls);
   SINCE(madvise_calls);
@@ -176,7 +176,7 @@ HAK_API void hak_stats_reset(void) {
   hak_stats_t now;
   gather(&now);
   pthread_mutex_lock(&baseline_lock);
-  baseline = now;
+  hak_stats_baseline = now;
   have_baseline = true;
   pthread_mutex_unlock(&baseline_lock);
   /* The peak restarts from what is committed now. */
