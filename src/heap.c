@@ -206,10 +206,11 @@ void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
   hak_page_t* next = page->next;
   void* p;
   /* Most refills of the mid-size classes (8-block pages run out every few
-   * mallocs) find the page run out and carved, the next one in the queue with
-   * a free block, and no remote frees: that next page becomes current at
-   * once, the old one going to the back (heap_alloc_class's first step). */
-  if (likely(next != NULL && next->free != NULL && page->capacity == page->reserved && !hak_remote_pending(heap))) {
+   * mallocs) find the page run out, the next one in the queue with a free
+   * block, and no remote frees: that next page becomes current at once, the
+   * old one going to the back (heap_alloc_class's first step; one not fully
+   * carved carves only when no page has a free block). */
+  if (likely(next != NULL && next->free != NULL && !hak_remote_pending(heap))) {
     /* (What the fast path's table said; the sentinel is in no queue.) */
     if (heap->current[cls] != page || heap->queue[cls].first != page || next == &hak_page_empty)
       __builtin_unreachable();
