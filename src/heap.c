@@ -46,11 +46,25 @@ void hak_heaps_unlock(void) {
 
 /* ---- current pages -------------------------------------------------------- */
 
-/* The direct slots of a small class (sizes up to HAK_DIRECT_MAX, by 16 bytes). */
+/* The direct slots of a small class (sizes up to HAK_DIRECT_MAX, by 16
+ * bytes): 1, 2, 4 or 8 of them from a table, unrolled (the loop over the
+ * class sizes took 46 instructions for the 8 of a 128-byte-wide class, on
+ * every refill of random 16-1024 B blocks). */
 HAK_NOINLINE void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
-  size_t size = hak_class_size[cls];
-  size_t lo = cls == 0 ? 0 : hak_class_size[cls - 1] / 16 + 1;
-  for (size_t s = lo; s <= size / 16 && s < HAK_DIRECT_SLOTS; s++) heap->direct[s] = page;
+  hak_page_t** d = heap->direct + hak_class_direct_first[cls];
+  switch (hak_class_direct_slots[cls]) {
+    case 8:
+      d[7] = d[6] = d[5] = d[4] = page;
+      __attribute__((fallthrough));
+    case 4:
+      d[3] = d[2] = page;
+      __attribute__((fallthrough));
+    case 2:
+      d[1] = page;
+      __attribute__((fallthrough));
+    default:
+      d[0] = page;
+  }
 }
 
 /* A sentinel heap of the given kind: the empty heap's page pointers. */
