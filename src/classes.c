@@ -7,6 +7,8 @@ uint8_t hak_class_units[HAK_CLASSES];
 uint16_t hak_class_start_lines[HAK_CLASSES];
 uint64_t hak_class_magic[HAK_CLASSES];
 uint8_t hak_class_by_64[HAK_CLASS_MAX_SIZE / 64 + 1];
+uint8_t hak_class_direct_first[HAK_DIRECT_CLASSES];
+uint8_t hak_class_direct_slots[HAK_DIRECT_CLASSES];
 
 /* A page should hold at least this many blocks, so that mid-size classes do not
  * churn pages (with 4 blocks a page of 16-64 KiB blocks ran out every third
@@ -33,6 +35,13 @@ void hak_classes_init(void) {
      * it is the first to hold 64 * i bytes. */
     for (size_t i = c == 0 ? 0 : hak_class_size[c - 1] / 64 + 1; i <= size / 64; i++)
       hak_class_by_64[i] = (uint8_t)c;
+    if (c < HAK_DIRECT_CLASSES) {
+      size_t lo = c == 0 ? 0 : hak_class_size[c - 1] / 16 + 1;
+      size_t hi = size / 16 < HAK_DIRECT_SLOTS - 1 ? size / 16 : HAK_DIRECT_SLOTS - 1;
+      hak_class_direct_first[c] = (uint8_t)lo;
+      hak_class_direct_slots[c] = (uint8_t)(hi - lo + 1);
+      hak_assert((hi - lo + 1) == 1 || (hi - lo + 1) == 2 || (hi - lo + 1) == 4 || (hi - lo + 1) == 8);
+    }
   }
   for (unsigned c = 0; c < HAK_CLASSES; c++) hak_assert(hak_class_of(hak_class_size[c]) == c);
   hak_assert(hak_class_of(HAK_DIRECT_MAX) == HAK_DIRECT_CLASSES - 1);

@@ -189,7 +189,7 @@ typedef struct arena_chunk_s {
   uint8_t guard_tail[ARENA_GRANULES];  /* the granule's last page is a guard */
 } arena_chunk_t;
 
-static arena_chunk_t arena[ARENA_CHUNKS_MAX];
+HAK_BSS_LAST arena_chunk_t hak_arena[ARENA_CHUNKS_MAX];
 static unsigned arena_slots;          /* [0, arena_slots) have been used */
 static size_t arena_used, arena_used_peak; /* bytes of granules in use, and the most */
 static _Atomic bool arena_has_dirty;  /* read unlocked: a purge may be due */
@@ -221,7 +221,7 @@ static void arena_note_oldest(void) {
   bool any = false;
   uint32_t oldest = 0;
   for (unsigned c = 0; c < arena_slots && arena_dirty != 0; c++) {
-    arena_chunk_t* ch = &arena[c];
+    arena_chunk_t* ch = &hak_arena[c];
     if (ch->base == NULL) continue;
     for (unsigned g = 0; g < ARENA_GRANULES; g++)
       if (bit_get(ch->dirty, g) && (!any || (int32_t)(ch->freed_ms[g] - oldest) < 0)) {
@@ -238,7 +238,7 @@ static void arena_note_oldest(void) {
 static void arena_purge(uint32_t now_ms, bool all) {
   int32_t delay = HAK_POLICY(purge_delay_ms);
   for (unsigned c = 0; c < arena_slots && arena_dirty != 0; c++) {
-    arena_chunk_t* ch = &arena[c];
+    arena_chunk_t* ch = &hak_arena[c];
     if (ch->base == NULL) continue;
     for (unsigned g = 0; g < ARENA_GRANULES;) {
       if (!bit_get(ch->dirty, g) || !(all || hak_purge_is_due(ch->freed_ms[g], now_ms, delay))) {
@@ -269,7 +269,7 @@ static void arena_purge_over_budget(void) {
     arena_chunk_t* oldest = NULL;
     unsigned at = 0;
     for (unsigned c = 0; c < arena_slots; c++) {
-      arena_chunk_t* ch = &arena[c];
+      arena_chunk_t* ch = &hak_arena[c];
       if (ch->base == NULL) continue;
       for (unsigned g = 0; g < ARENA_GRANULES; g++)
         if (bit_get(ch->dirty, g) && (oldest == NULL || (int32_t)(ch->freed_ms[g] - oldest->freed_ms[at]) < 0)) {
@@ -290,12 +290,12 @@ static void arena_purge_over_budget(void) {
  * (the caller then maps the block on its own). */
 static bool arena_grow(unsigned* slot) {
   unsigned c = 0;
-  while (c < arena_slots && arena[c].base != NULL) c++;
+  while (c < arena_slots && hak_arena[c].base != NULL) c++;
   if (c == ARENA_CHUNKS_MAX) return false;
   uint8_t* base = hak_os_map_aligned(ARENA_CHUNK, ARENA_GRANULE, 0);
   if (base == NULL) return false;
   hak_os_thp(base, ARENA_CHUNK);
-  arena_chunk_t* ch = &arena[c];
+  arena_chunk_t* ch = &hak_arena[c];
   memset(ch, 0, sizeof *ch);
   ch->base = base;
   ch->free_count = ARENA_GRANULES;
@@ -315,7 +315,7 @@ static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* sta
   unsigned best_dirty = 0, best_len = 0, best_guards = 0;
   bool best_edge = false;
   for (unsigned c = 0; c < arena_slots; c++) {
-    arena_chunk_t* ch = &arena[c];
+    arena_chunk_t* ch = &hak_arena[c];
     if (ch->base == NULL || ch->free_count < n) continue;
     for (unsigned g = 0; g < ARENA_GRANULES;) {
       if (!bit_get(ch->free, g)) {
@@ -463,7 +463,7 @@ static bool arena_flush(void) {
   pthread_mutex_lock(&huge_lock);
   bool any = arena_dirty != 0;
   for (unsigned c = 0; c < arena_slots; c++) {
-    arena_chunk_t* ch = &arena[c];
+    arena_chunk_t* ch = &hak_arena[c];
     if (ch->base == NULL || ch->free_count != ARENA_GRANULES) continue;
     unmap[nunmap++] = ch->base;
     for (unsigned g = 0; g < ARENA_GRANULES; g++)
@@ -481,9 +481,9 @@ void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_byt
   pthread_mutex_lock(&huge_lock);
   size_t n = 0, fb = 0;
   for (unsigned c = 0; c < arena_slots; c++)
-    if (arena[c].base != NULL) {
+    if (hak_arena[c].base != NULL) {
       n++;
-      fb += (size_t)arena[c].free_count * ARENA_GRANULE;
+      fb += (size_t)hak_arena[c].free_count * ARENA_GRANULE;
     }
   *reserved = n * ARENA_CHUNK;
   *dirty_bytes = arena_dirty;
@@ -593,7 +593,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
     }
     g = 0;
   }
-  arena_chunk_t* ch = &arena[c];
+  arena_chunk_t* ch = &hak_arena[c];
   uint64_t unzeroed;
   uint64_t dirty = arena_take(ch, g, n, &unzeroed);
   int32_t delay = HAK_POLICY(purge_delay_ms);
@@ -645,7 +645,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
 
 /* Gives an arena block's granules back. */
 static void arena_free(hak_segment_t* seg) {
-  arena_chunk_t* ch = &arena[seg->huge_chunk];
+  arena_chunk_t* ch = &hak_arena[seg->huge_chunk];
   unsigned g = (unsigned)(((uint8_t*)seg - ch->base) / ARENA_GRANULE), n = seg->huge_run;
   pthread_mutex_lock(&huge_lock);
   arena_give(ch, g, n);
@@ -658,7 +658,7 @@ static void arena_free(hak_segment_t* seg) {
 static bool arena_resize(hak_segment_t* seg, size_t total) {
   size_t runs = (total + ARENA_GRANULE - 1) / ARENA_GRANULE;
   unsigned n = seg->huge_run;
-  arena_chunk_t* ch = &arena[seg->huge_chunk];
+  arena_chunk_t* ch = &hak_arena[seg->huge_chunk];
   unsigned g = (unsigned)(((uint8_t*)seg - ch->base) / ARENA_GRANULE);
   if (runs > n) {
     if (runs > ARENA_RUN_MAX || g + runs > ARENA_GRANULES) return false;
@@ -730,7 +730,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
     }
   }
   huge_map(seg, false);
-  arena_chunk_t* ch = &arena[seg->huge_chunk];
+  arena_chunk_t* ch = &hak_arena[seg->huge_chunk];
   unsigned g = (unsigned)((base - ch->base) / ARENA_GRANULE);
   pthread_mutex_lock(&huge_lock);
   arena_give_some(ch, g, n, 1);

@@ -20,6 +20,13 @@
 #define HAK_INLINE static inline __attribute__((always_inline))
 #define HAK_NOINLINE __attribute__((noinline))
 #define HAK_COLD __attribute__((noinline, cold))
+/* Big zero-initialized tables touched sparsely or seldom (the segment map,
+ * the huge-block arena's chunks, the profiler's stacks, the statistics
+ * baseline, the dead and global heaps, the option paths): as common symbols they go after every other .bss variable, so
+ * that the small globals every process touches share two pages instead of
+ * lying in four between them (peak RSS; docs/BENCHMARKS.md).  Common needs
+ * external linkage: hak_-prefixed names. */
+#define HAK_BSS_LAST __attribute__((common))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
@@ -476,6 +483,9 @@ HAK_INLINE void hak_heap_empty_remove(hak_heap_t* heap, hak_page_t* page) {
  * empties anyway.  The page that stops being current is never empty here
  * (it ran out, or left the queue full) but where hak_trim retires it. */
 #define HAK_DIRECT_CLASSES (24 + HAK_SECURE) /* hak_class_of(HAK_DIRECT_MAX) + 1 */
+/* Each such class's direct slots: the first, and how many (classes.c). */
+extern uint8_t hak_class_direct_first[HAK_DIRECT_CLASSES];
+extern uint8_t hak_class_direct_slots[HAK_DIRECT_CLASSES];
 #define HAK_USED_PINNED ((uint32_t)1 << 31)
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
 HAK_INLINE void hak_heap_use_page(hak_heap_t* heap, unsigned cls, hak_page_t* page) {

@@ -239,16 +239,23 @@ HAK_INLINE void* cxx_new_aligned(size_t size, size_t align) {
     return cxx_nothrow_failed(name, al, size, nt); \
   } while (0)
 
+/* The nothrow forms, their names passed on as string literals (__func__
+ * would be an array of its own, 32-byte aligned, in read-only data). */
+#define CXX_NOTHROW_NEW(fn) \
+  HAK_API void* fn(size_t n, const void* nt) { CXX_NOTHROW(#fn, n, nt); }
+#define CXX_NOTHROW_NEW_ALIGNED(fn) \
+  HAK_API void* fn(size_t n, size_t al, const void* nt) { CXX_NOTHROW_ALIGNED(#fn, n, al, nt); }
+
 /* The mangled names: new(size_t), new[](size_t), and their nothrow_t and
  * align_val_t forms; delete(void*) with size and/or alignment. */
 HAK_API void* _Znwm(size_t n) { return cxx_new(n); }
 HAK_API void* _Znam(size_t n) { return cxx_new(n); }
-HAK_API void* _ZnwmRKSt9nothrow_t(size_t n, const void* nt) { CXX_NOTHROW(__func__, n, nt); }
-HAK_API void* _ZnamRKSt9nothrow_t(size_t n, const void* nt) { CXX_NOTHROW(__func__, n, nt); }
+CXX_NOTHROW_NEW(_ZnwmRKSt9nothrow_t)
+CXX_NOTHROW_NEW(_ZnamRKSt9nothrow_t)
 HAK_API void* _ZnwmSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al); }
 HAK_API void* _ZnamSt11align_val_t(size_t n, size_t al) { return cxx_new_aligned(n, al); }
-HAK_API void* _ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { CXX_NOTHROW_ALIGNED(__func__, n, al, nt); }
-HAK_API void* _ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void* nt) { CXX_NOTHROW_ALIGNED(__func__, n, al, nt); }
+CXX_NOTHROW_NEW_ALIGNED(_ZnwmSt11align_val_tRKSt9nothrow_t)
+CXX_NOTHROW_NEW_ALIGNED(_ZnamSt11align_val_tRKSt9nothrow_t)
 
 HAK_API void _ZdlPv(void* p) { hak_free_inline(p); }
 HAK_API void _ZdaPv(void* p) { hak_free_inline(p); }

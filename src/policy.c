@@ -36,7 +36,7 @@ typedef struct hak_option_s {
   char* path;
 } hak_option_t;
 
-char hak_stats_path[256];
+HAK_BSS_LAST char hak_stats_path[256];
 
 #define FIELD(f) offsetof(hak_policy_t, f)
 static const char* const purge_names[] = {"dontneed", "free", NULL};

@@ -44,7 +44,7 @@
 #define PROF_STACK_BUCKETS 4096
 #define PROF_CHUNK ((size_t)256 << 10)
 
-char hak_prof_path[256];
+HAK_BSS_LAST char hak_prof_path[256];
 
 typedef struct prof_stack_s {
   struct prof_stack_s* next; /* in its hash chain */
@@ -68,7 +68,7 @@ static atomic_flag prof_lock = ATOMIC_FLAG_INIT;
 static _Atomic int dump_pending; /* a signal came while the lock was held */
 static uint8_t* chunk_next;      /* bump allocation of stacks and samples */
 static uint8_t* chunk_end;
-static prof_stack_t* stack_buckets[PROF_STACK_BUCKETS];
+HAK_BSS_LAST prof_stack_t* hak_prof_stack_buckets[PROF_STACK_BUCKETS];
 static prof_sample_t** sample_buckets;
 static size_t sample_bucket_count; /* a power of two */
 static prof_sample_t* sample_free;
@@ -164,7 +164,7 @@ static uint64_t prof_mix(uint64_t h) {
 static prof_stack_t* stack_find(void* const* frames, uint32_t depth) {
   uint64_t hash = depth;
   for (uint32_t i = 0; i < depth; i++) hash = prof_mix(hash ^ (uint64_t)(uintptr_t)frames[i]);
-  prof_stack_t** bucket = &stack_buckets[hash & (PROF_STACK_BUCKETS - 1)];
+  prof_stack_t** bucket = &hak_prof_stack_buckets[hash & (PROF_STACK_BUCKETS - 1)];
   for (prof_stack_t* s = *bucket; s != NULL; s = s->next)
     if (s->hash == hash && s->depth == depth && memcmp(s->frames, frames, depth * sizeof(void*)) == 0)
       return s;
@@ -461,7 +461,7 @@ static bool prof_write_now(const char* path) {
   if (o.fd < 0) return false;
   size_t lc = 0, lb = 0, ac = 0, ab = 0;
   for (size_t i = 0; i < PROF_STACK_BUCKETS; i++)
-    for (prof_stack_t* s = stack_buckets[i]; s != NULL; s = s->next) {
+    for (prof_stack_t* s = hak_prof_stack_buckets[i]; s != NULL; s = s->next) {
       lc += s->live_count;
       lb += s->live_bytes;
       ac += s->alloc_count;
@@ -473,7 +473,7 @@ static bool prof_write_now(const char* path) {
   out_num(&o, (uint64_t)HAK_POLICY(prof_rate), 10);
   out_str(&o, "\n");
   for (size_t i = 0; i < PROF_STACK_BUCKETS; i++)
-    for (prof_stack_t* s = stack_buckets[i]; s != NULL; s = s->next) {
+    for (prof_stack_t* s = hak_prof_stack_buckets[i]; s != NULL; s = s->next) {
       out_counts(&o, s->live_count, s->live_bytes, s->alloc_count, s->alloc_bytes);
       out_str(&o, " @");
       for (uint32_t f = 0; f < s->depth; f++) {

@@ -8,7 +8,7 @@
 
 #include "internal.h"
 
-uint8_t hak_segmap[HAK_SEGMAP_SIZE];
+HAK_BSS_LAST uint8_t hak_segmap[HAK_SEGMAP_SIZE];
 
 void hak_segmap_set(const void* at, unsigned value) {
   uintptr_t idx = (uintptr_t)at >> HAK_SEG_SHIFT;
@@ -32,17 +32,21 @@ static hak_segment_t* cache_clean;   /* free segments purged (they read as zero)
 static uint8_t* arena_next;          /* next uncarved segment of the chunk */
 static uint8_t* arena_end;
 /* Every normal segment ever carved (they are never unmapped), so that a
- * forked child can find them all without following any list. */
-static hak_segment_t** registry;
-static size_t registry_count, registry_cap;
+ * forked child can find them all without following any list.  The first
+ * 16 (32 MiB) are listed beside the other globals, on a page touched anyway,
+ * rather than on a page of a mapping of their own. */
+#define HAK_REGISTRY_FIRST 16
+static hak_segment_t* registry_first[HAK_REGISTRY_FIRST];
+static hak_segment_t** registry = registry_first;
+static size_t registry_count, registry_cap = HAK_REGISTRY_FIRST;
 
 static bool registry_add(hak_segment_t* seg) {
   if (registry_count == registry_cap) {
-    size_t cap = registry_cap ? registry_cap * 2 : 4096;
+    size_t cap = registry_cap < 4096 ? 4096 : registry_cap * 2;
     hak_segment_t** grown = hak_os_map(cap * sizeof *grown);
     if (grown == NULL) return false;
     for (size_t i = 0; i < registry_count; i++) grown[i] = registry[i];
-    if (registry != NULL) hak_os_unmap(registry, registry_cap * sizeof *registry);
+    if (registry != registry_first) hak_os_unmap(registry, registry_cap * sizeof *registry);
     registry = grown;
     registry_cap = cap;
   }

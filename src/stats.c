@@ -17,7 +17,7 @@ _Static_assert(HAK_STATS_CLASSES == HAK_STAT_CLASSES, "hakmem.h's class count");
 hak_counters_t hak_counters;
 
 /* The counters at the last hak_stats_reset (gauges are not kept here). */
-static hak_stats_t baseline;
+HAK_BSS_LAST hak_stats_t hak_stats_baseline;
 static bool have_baseline;
 static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -141,7 +141,7 @@ HAK_API void hak_stats_get(hak_stats_t* out) {
     return;
   }
   /* Counters since the reset; gauges (live, committed, RSS, ...) as they are. */
-#define SINCE(f) out->f -= out->f >= baseline.f ? baseline.f : out->f
+#define SINCE(f) out->f -= out->f >= hak_stats_baseline.f ? hak_stats_baseline.f : out->f
   SINCE(mmap_calls);
   SINCE(munmap_calls);
   SINCE(madvise_calls);
@@ -176,7 +176,7 @@ HAK_API void hak_stats_reset(void) {
   hak_stats_t now;
   gather(&now);
   pthread_mutex_lock(&baseline_lock);
-  baseline = now;
+  hak_stats_baseline = now;
   have_baseline = true;
   pthread_mutex_unlock(&baseline_lock);
   /* The peak restarts from what is committed now. */
@@ -254,7 +254,9 @@ static void report(out_t* o, const hak_stats_t* st) {
            st->purge_delay_ms, learner, human(st->idle_purged_bytes, a, sizeof a),
            human(st->refaulted_bytes, b, sizeof b));
   put(o, line);
-  put(o, st->observed ? "hakmem: class   block    live  pages  refills  retires |  remote | alloc: current "
+  /* (HAK_OBSERVE, what st->observed always is here: the release library
+   * then carries neither of the observing build's strings.) */
+  put(o, HAK_OBSERVE ? "hakmem: class   block    live  pages  refills  retires |  remote | alloc: current "
                         "partial  refill | free: current partial   empty  remote\n"
                       : "hakmem: class   block    live  pages  refills  retires\n");
   for (unsigned k = 0; k < HAK_STAT_CLASSES; k++) {
@@ -269,7 +271,7 @@ static void report(out_t* o, const hak_stats_t* st) {
       snprintf(name, sizeof name, "  large");
     int n = snprintf(line, sizeof line, "hakmem: %5u %s %7zu %6zu %8zu %8zu", k, name, s->live_blocks,
                      s->pages, s->refills, s->retires);
-    if (st->observed)
+    if (HAK_OBSERVE)
       snprintf(line + n, sizeof line - (size_t)n, " | %7zu | %14zu %7zu %7zu | %13zu %7zu %7zu %7zu",
                s->remote_frees, s->alloc_current, s->alloc_partial, s->alloc_refill, s->free_current,
                s->free_partial, s->free_empty, s->free_remote);
