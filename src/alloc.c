@@ -128,7 +128,7 @@ static void* alloc_aligned(size_t align, size_t size) {
     if (rounded == 0) rounded = align;
     size_t block = rounded + HAK_CANARY_SIZE;
     unsigned cls = block <= HAK_CLASS_MAX_SIZE ? hak_class_of(block) : 0;
-    if (block <= HAK_CLASS_MAX_SIZE && hak_class_block[cls] % align == 0 &&
+    if (block <= HAK_CLASS_MAX_SIZE && hak_class_size[cls] % align == 0 &&
         (align <= 64 || hak_class_start_lines[cls] == 1))
       return hak_alloc_inline(rounded);
   }

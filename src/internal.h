@@ -301,10 +301,6 @@ extern hak_heap_t hak_heap_empty;  /* a thread that has not allocated yet */
 extern hak_heap_t hak_heap_dead;   /* a thread whose heap was abandoned at exit */
 extern hak_page_t hak_page_empty;  /* a page with no free block */
 extern uint32_t hak_class_size[HAK_CLASSES];
-/* The bytes a block of each class takes in its page: its size, and for
- * classes of HAK_PAD_FROM up to 64 KiB one cache line more (classes.c). */
-extern uint32_t hak_class_block[HAK_CLASSES];
-#define HAK_PAD_FROM ((size_t)40 * 1024)
 extern uint8_t hak_class_units[HAK_CLASSES];
 /* A class page starts this many cache-line offsets apart, 0 .. n-1 lines
  * into its first unit (page.c, page_format), within the tail its blocks

@@ -79,7 +79,7 @@ static void page_format(hak_page_t* page, unsigned cls) {
     page->free = (hak_block_t*)start;
     hak_block_set_next(page->free, NULL);
   } else {
-    page->block_size = hak_class_block[cls];
+    page->block_size = hak_class_size[cls];
     page->reserved = (uint32_t)((size_t)(end - start) / page->block_size);
     page->capacity = 0;
     page->free = NULL;
