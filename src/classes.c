@@ -11,16 +11,22 @@ uint8_t hak_class_direct_first[HAK_DIRECT_CLASSES];
 uint8_t hak_class_direct_slots[HAK_DIRECT_CLASSES];
 
 /* A page should hold at least this many blocks, so that mid-size classes do not
- * churn pages (with 4 blocks a page of 16-64 KiB blocks ran out every third
- * malloc); the tail it cannot use should stay under 1/8 of the page. */
+ * churn pages: malloc mispredicts each time its page runs out, which with 8
+ * blocks of 8-64 KiB a page came every 7.5 mallocs of random sizes (with 4,
+ * every third); with 16, fewer pages hold a class's free blocks, and peak RSS
+ * is lower too (docs/BENCHMARKS.md).  At most HAK_CLASS_UNITS_MAX units, so
+ * that beside such a page and a few small ones a segment keeps room for a
+ * realloc home to grow to HAK_LARGE_MAX (16 units); the 40-64 KiB classes
+ * then hold 12-16 blocks.  The tail a page cannot use stays under 1/8 of it. */
+#define HAK_CLASS_UNITS_MAX 12u
 static unsigned units_for(size_t bsize) {
-  unsigned min_blocks = bsize <= 65536 ? 8 : 4;
-  for (unsigned n = 1; n <= 16; n++) {
+  unsigned min_blocks = bsize < 8192 ? 8 : bsize <= 65536 ? 16 : 4;
+  for (unsigned n = 1; n < HAK_CLASS_UNITS_MAX; n++) {
     size_t bytes = n * HAK_UNIT_SIZE;
     size_t blocks = bytes / bsize;
     if (blocks >= min_blocks && (bytes - blocks * bsize) * 8 <= bytes) return n;
   }
-  return 16;
+  return HAK_CLASS_UNITS_MAX;
 }
 
 void hak_classes_init(void) {

@@ -15,7 +15,7 @@
 #include "internal.h"
 #include "test_util.h"
 
-enum { SMALL = 100, MID = 20000, NSMALL = 300, NMID = 12 };
+enum { SMALL = 100, MID = 20000, NSMALL = 300, NMID = 24 };
 static void* small[NSMALL];
 static void* mid[NMID];
 
@@ -35,7 +35,7 @@ static void test_counts(void) {
   CHECK(st.classes[cs].block_size == hak_class_size[cs]);
   CHECK(st.classes[cs].live_blocks >= NSMALL);
   CHECK(st.classes[cm].live_blocks >= NMID);
-  CHECK(st.classes[cs].pages >= 1 && st.classes[cm].pages >= 2); /* 12 blocks of 24 KiB: 2 pages */
+  CHECK(st.classes[cs].pages >= 1 && st.classes[cm].pages >= 2); /* 24 blocks of 20 KiB: 2 pages of 16 */
   CHECK(st.classes[cm].refills >= 2);
   CHECK(st.live_bytes >= NSMALL * hak_class_size[cs] + NMID * hak_class_size[cm]);
   CHECK(st.committed_bytes >= st.live_bytes);
