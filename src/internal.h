@@ -22,10 +22,11 @@
 #define HAK_COLD __attribute__((noinline, cold))
 /* Big zero-initialized tables touched sparsely or seldom (the segment map,
  * the huge-block arena's chunks, the profiler's stacks, the statistics
- * baseline, the dead and global heaps, the option paths): as common symbols they go after every other .bss variable, so
- * that the small globals every process touches share two pages instead of
- * lying in four between them (peak RSS; docs/BENCHMARKS.md).  Common needs
- * external linkage: hak_-prefixed names. */
+ * baseline, the dead and global heaps, the option paths): as common symbols
+ * they go after every other .bss variable, so that the small globals every
+ * process touches share two pages instead of lying in four between them
+ * (peak RSS; docs/BENCHMARKS.md).  Common needs external linkage:
+ * hak_-prefixed names. */
 #define HAK_BSS_LAST __attribute__((common))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
