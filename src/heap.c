@@ -219,8 +219,8 @@ void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
   unsigned cls = page->cls;
   hak_page_t* next = page->next;
   void* p;
-  /* Most refills of the mid-size classes (8-block pages run out every few
-   * mallocs) find the page run out, the next one in the queue with a free
+  /* Most refills of the mid-size classes (pages of 8-16 blocks run out every
+   * few mallocs) find the page run out, the next one in the queue with a free
    * block, and no remote frees: that next page becomes current at once, the
    * old one going to the back (heap_alloc_class's first step; one not fully
    * carved carves only when no page has a free block). */
