@@ -316,6 +316,9 @@ extern uint8_t hak_class_units[HAK_CLASSES];
  * otherwise all fall in the same few cache sets.  A class with more than one
  * aligns its blocks to 64 bytes only (alloc.c, alloc_aligned). */
 extern uint16_t hak_class_start_lines[HAK_CLASSES];
+/* A class with one line (its blocks fill the page) starts its pages this
+ * many bytes in, a multiple of its alignment (classes.c). */
+extern uint16_t hak_class_start_off[HAK_CLASSES];
 
 /* Segment map: one byte per 2 MiB of the 47-bit address space (64 MiB of
  * address space, of which only the pages covering hakmem's own segments are

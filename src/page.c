@@ -70,7 +70,8 @@ static void page_format(hak_page_t* page, unsigned cls) {
   page->cls = (uint8_t)cls;
   /* (Adjacent pages of a class apart by 5 lines, segments by 1.) */
   if (cls != HAK_CLASS_LARGE)
-    start += (size_t)((idx * 5 + ((uintptr_t)seg >> HAK_SEG_SHIFT)) % hak_class_start_lines[cls]) * 64;
+    start += (size_t)((idx * 5 + ((uintptr_t)seg >> HAK_SEG_SHIFT)) % hak_class_start_lines[cls]) * 64 +
+             hak_class_start_off[cls];
   hak_page_set_start(page, start);
   page->next = page->prev = NULL;
   if (cls == HAK_CLASS_LARGE) {
