@@ -121,8 +121,9 @@ static void* alloc_aligned(size_t align, size_t size) {
     return NULL;
   }
   /* Pages start on 4 KiB boundaries, but those of a class with start lines
-   * on 64-byte ones: a class whose size is a multiple of the alignment hands
-   * out aligned blocks as they are. */
+   * on 64-byte ones, and those of a small class with one (hak_class_start_off)
+   * on a multiple of its size's largest power-of-two factor: a class whose
+   * size is a multiple of the alignment hands out aligned blocks as they are. */
   if (align <= HAK_OS_PAGE) {
     size_t rounded = (size + align - 1) & ~(align - 1);
     if (rounded == 0) rounded = align;

@@ -37,8 +37,9 @@ static unsigned units_for(size_t bsize) {
  * one for a store to another just made (4K aliasing) and waits.  Each such
  * class starts its pages a different line in, of 8: a multiple of its
  * largest power-of-two factor, so that its blocks keep their alignment
- * (alloc_aligned relies on it), at the cost of at most a 256-byte block a
- * page.  string_builder (8-64 B blocks) ran 7% faster (docs/BENCHMARKS.md). */
+ * (alloc_aligned relies on it), at the cost of at most 512 bytes of a
+ * 64 KiB page.  string_builder (8-64 B blocks) ran 6% faster
+ * (docs/BENCHMARKS.md). */
 #define HAK_START_OFF_MAX_SIZE 256
 void hak_classes_init(void) {
   unsigned exact = 0;

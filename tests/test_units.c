@@ -31,6 +31,21 @@ static void test_size_classes(void) {
     if (n > HAK_CLASS_STEP_MAX && (bs - n) * 5 > bs) bad++;     /* waste at most 1/5 */
   }
   CHECK(bad == 0);
+  /* The small classes whose blocks fill their pages start them apart (no
+   * two of the 16, 32 and 64-byte classes' first blocks 4K-alias), each at a
+   * multiple of its alignment, and lose at most 512 bytes a page to it. */
+  int misplaced = 0;
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    size_t size = hak_class_size[c], off = hak_class_start_off[c];
+    if (off % (size & -size) != 0 || off > 512) misplaced++;
+    if (off != 0 && hak_class_start_lines[c] != 1) misplaced++;
+  }
+  CHECK(misplaced == 0);
+  unsigned c16 = hak_class_of(16), c32 = hak_class_of(32), c64 = hak_class_of(64);
+  CHECK(hak_class_size[c16] == 16 && hak_class_size[c32] == 32 && hak_class_size[c64] == 64);
+  CHECK(hak_class_start_off[c16] != hak_class_start_off[c32] &&
+        hak_class_start_off[c16] != hak_class_start_off[c64] &&
+        hak_class_start_off[c32] != hak_class_start_off[c64]);
   /* The heap's direct table (what malloc reads for sizes up to 1 KiB, with
    * the secure build's canary) points every size at the current page of its
    * class: with a live block in every class it serves, those pages are all
