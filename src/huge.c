@@ -195,13 +195,46 @@ static size_t arena_used, arena_used_peak; /* bytes of granules in use, and the 
 static _Atomic bool arena_has_dirty;  /* read unlocked: a purge may be due */
 static _Atomic uint32_t arena_oldest_ms; /* the oldest dirty granule's stamp */
 
-static inline bool bit_get(const uint64_t* w, unsigned i) { return (w[i >> 6] >> (i & 63)) & 1; }
+/* (Always inlined: huge.c is compiled -Os, which would make it a call in
+ * the arena's loops over granules.) */
+static inline __attribute__((always_inline)) bool bit_get(const uint64_t* w, unsigned i) {
+  return (w[i >> 6] >> (i & 63)) & 1;
+}
+/* The first granule from i on whose bit is `on` (ARENA_GRANULES if none). */
+static unsigned bit_next(const uint64_t* w, unsigned i, bool on) {
+  for (; i < ARENA_GRANULES; i = (i | 63) + 1) {
+    uint64_t word = (on ? w[i >> 6] : ~w[i >> 6]) & (~(uint64_t)0 << (i & 63));
+    if (word != 0) return (i & ~63u) + (unsigned)__builtin_ctzll(word);
+  }
+  return ARENA_GRANULES;
+}
+
+/* The mask of bits [i, stop) within the word of bit i (stop at most its end). */
+static inline uint64_t bits_mask(unsigned i, unsigned stop) {
+  unsigned width = stop - i;
+  return (width == 64 ? ~(uint64_t)0 : ((uint64_t)1 << width) - 1) << (i & 63);
+}
+
+/* The end of [i, end) within the word of bit i. */
+static inline unsigned bits_stop(unsigned i, unsigned end) { return (i | 63) + 1 < end ? (i | 63) + 1 : end; }
+
+/* The bits set in [i, end). */
+static unsigned bits_count(const uint64_t* w, unsigned i, unsigned end) {
+  unsigned count = 0;
+  for (unsigned stop; i < end; i = stop) {
+    stop = bits_stop(i, end);
+    count += (unsigned)__builtin_popcountll(w[i >> 6] & bits_mask(i, stop));
+  }
+  return count;
+}
+
 static void bits_put(uint64_t* w, unsigned i, unsigned n, bool on) {
-  for (unsigned k = i; k < i + n; k++) {
+  for (unsigned end = i + n, stop; i < end; i = stop) {
+    stop = bits_stop(i, end);
     if (on)
-      w[k >> 6] |= (uint64_t)1 << (k & 63);
+      w[i >> 6] |= bits_mask(i, stop);
     else
-      w[k >> 6] &= ~((uint64_t)1 << (k & 63));
+      w[i >> 6] &= ~bits_mask(i, stop);
   }
 }
 
@@ -317,17 +350,14 @@ static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* sta
   for (unsigned c = 0; c < arena_slots; c++) {
     arena_chunk_t* ch = &hak_arena[c];
     if (ch->base == NULL || ch->free_count < n) continue;
-    for (unsigned g = 0; g < ARENA_GRANULES;) {
-      if (!bit_get(ch->free, g)) {
-        g++;
-        continue;
-      }
-      unsigned s = g;
-      while (g < ARENA_GRANULES && bit_get(ch->free, g)) g++;
-      unsigned e = g, len = e - s;
+    for (unsigned s = bit_next(ch->free, 0, true), e; s < ARENA_GRANULES; s = bit_next(ch->free, e, true)) {
+      e = bit_next(ch->free, s, false);
+      unsigned len = e - s;
       if (len < n) continue;
-      unsigned d = 0;
-      for (unsigned k = s; k < s + n; k++) d += bit_get(ch->dirty, k);
+      unsigned d = bits_count(ch->dirty, s, s + n);
+      /* Release build: with every dirty granule of the run in its first
+       * window, no later window has more, and the first is at an end. */
+      bool first_only = !HAK_SECURE && bits_count(ch->dirty, s, e) == d;
       for (unsigned w = s;; w++) {
         bool edge = w == s || w + n == e;
         unsigned guards = HAK_SECURE ? (ch->guard_head[w] == head) + ch->guard_tail[w + n - 1] : 0;
@@ -343,7 +373,9 @@ static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* sta
           *chunk = c;
           *start = w;
         }
-        if (w + n == e) break;
+        /* Nor can one do better than a window all dirty, at an end, with
+         * its guards in place (a freed block's own run, the common case). */
+        if (w + n == e || first_only || (d == n && edge && (!HAK_SECURE || guards == 2))) break;
         d += (unsigned)bit_get(ch->dirty, w + n) - (unsigned)bit_get(ch->dirty, w);
       }
     }
