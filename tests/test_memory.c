@@ -7,7 +7,7 @@
  * after the delay too; empty pages of one class reused by
  * another before anything new is mapped; free segments reused; huge blocks
  * reusing the arena's granules (no mmap, no page fault per cycle), freed
- * neighbours coalescing, granules purged after the delay and never while in
+ * neighbours coalescing, the backed ones taken first, granules purged after the delay and never while in
  * use, the kernel's mappings not multiplied; malloc_trim(0)
  * giving everything back at once; mallinfo2 within 5% of the live bytes;
  * HAKMEM_THP marking segments; bad HAKMEM_* variables warned about.
@@ -238,6 +238,34 @@ static void test_huge_coalesce(void) {
   CHECK(C(mmap_calls) == mmaps);
   if (delay != 0) CHECK(minor_faults() - faults < 256); /* of 8192 pages written */
   free(c);
+  CHECK(live_intact());
+}
+
+/* A block goes where the most freed granules are still backed, even deep in
+ * a free run: of a run whose first granules were purged and whose last ones
+ * were freed since, it takes the last ones. */
+static void test_huge_dirty_window(void) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  const size_t two = 4 * MIB - 64 * 1024; /* 2 granules */
+  malloc_trim(0);
+  char* a = malloc(two);
+  char* b = malloc(two);
+  char* keep = malloc(two);
+  REQUIRE(a != NULL && b != NULL && keep != NULL);
+  memset(a, 1, two);
+  memset(b, 2, two);
+  memset(keep, 3, two);
+  bool neighbours = b == a + 4 * MIB;
+  free(a);
+  malloc_trim(0); /* a's granules purged */
+  free(b);        /* b's still backed */
+  char* c = malloc(two);
+  REQUIRE(c != NULL);
+  if (delay != 0 && neighbours) CHECK(c == b);
+  memset(c, 4, two);
+  free(c);
+  CHECK((unsigned char)keep[two - 1] == 3);
+  free(keep);
   CHECK(live_intact());
 }
 
@@ -626,6 +654,7 @@ int main(int argc, char** argv) {
   test_empty_pages_age();
   test_huge_reuse();
   test_huge_coalesce();
+  test_huge_dirty_window();
   test_huge_purge();
   test_huge_realloc();
   test_huge_calloc_after_madv_free();
