@@ -498,8 +498,7 @@ static bool arena_flush(void) {
     arena_chunk_t* ch = &hak_arena[c];
     if (ch->base == NULL || ch->free_count != ARENA_GRANULES) continue;
     unmap[nunmap++] = ch->base;
-    for (unsigned g = 0; g < ARENA_GRANULES; g++)
-      if (bit_get(ch->dirty, g)) arena_dirty_sub(ARENA_GRANULE);
+    arena_dirty_sub((size_t)bits_count(ch->dirty, 0, ARENA_GRANULES) * ARENA_GRANULE);
     ch->base = NULL;
   }
   arena_purge(0, true);
@@ -695,8 +694,7 @@ static bool arena_resize(hak_segment_t* seg, size_t total) {
   if (runs > n) {
     if (runs > ARENA_RUN_MAX || g + runs > ARENA_GRANULES) return false;
     pthread_mutex_lock(&huge_lock);
-    bool room = true;
-    for (unsigned k = g + n; k < g + runs && room; k++) room = bit_get(ch->free, k);
+    bool room = bits_count(ch->free, g + n, (unsigned)runs + g) == runs - n;
     if (room) arena_take(ch, g + n, (unsigned)runs - n, NULL);
     pthread_mutex_unlock(&huge_lock);
     if (!room) return false;
