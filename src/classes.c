@@ -63,9 +63,10 @@ void hak_classes_init(void) {
     if (c < HAK_DIRECT_CLASSES) {
       size_t lo = c == 0 ? 0 : hak_class_size[c - 1] / 16 + 1;
       size_t hi = size / 16 < HAK_DIRECT_SLOTS - 1 ? size / 16 : HAK_DIRECT_SLOTS - 1;
+      size_t slots = hi - lo + 1;
       hak_class_direct_first[c] = (uint8_t)lo;
-      hak_class_direct_slots[c] = (uint8_t)(hi - lo + 1);
-      hak_assert((hi - lo + 1) == 1 || (hi - lo + 1) == 2 || (hi - lo + 1) == 4 || (hi - lo + 1) == 8);
+      hak_class_direct_slots[c] = (uint8_t)slots;
+      hak_assert(slots == 1 || slots == 2 || slots == 4 || slots == 8);
     }
   }
   for (unsigned c = 0; c < HAK_CLASSES; c++) hak_assert(hak_class_of(hak_class_size[c]) == c);
