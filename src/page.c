@@ -330,18 +330,21 @@ void hak_heap_purge_by(hak_heap_t* heap, uint32_t due_ms) {
   if (!pending || (int32_t)(due_ms - heap->purge_due_ms) < 0) heap->purge_due_ms = due_ms;
 }
 
+static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count);
+
 /* The purge check of the page-level events (a page retired, made or
- * emptied): the empty pages and free units that have waited the delay, or
- * all of them once there are more than HAK_DIRTY_UNITS_MAX free units (the
- * delay is only checked on these events, so this bounds what a thread that
- * stops making pages keeps backed). */
+ * emptied): the empty pages and free units that have waited the delay, and
+ * the oldest free units beyond HAK_DIRTY_UNITS_MAX (the delay is only checked
+ * on these events, so this bounds what a thread that stops making pages keeps
+ * backed; purging only the excess spares a program whose free units hover
+ * about the bound a fault on each of them every time they cross it). */
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if ((heap->dirty_units != 0 || heap->empty.first != NULL) && delay >= 0) {
     /* A due time set under a longer delay (hak_option_set shortened it). */
     if ((int32_t)(heap->purge_due_ms - (now_ms + (uint32_t)delay)) > 0) heap->purge_due_ms = now_ms;
     if (heap->dirty_units > HAK_DIRTY_UNITS_MAX)
-      hak_heap_purge(heap, now_ms, true);
+      heap_purge_oldest(heap, now_ms, heap->dirty_units - HAK_DIRTY_UNITS_MAX);
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
       hak_heap_purge(heap, now_ms, false);
   }
@@ -350,13 +353,51 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
   if (HAK_POLICY(learn)) hak_learn_step(now_ms);
 }
 
+/* Purges the free units of the heap's segments freed before freed_by, and of
+ * those freed at freed_by as many as `edge` (all of them if all), one madvise
+ * per run of units; lowers *due to when the first of those left is due. */
+static void heap_purge_units(hak_heap_t* heap, uint32_t now_ms, bool all, uint32_t freed_by, size_t edge,
+                             uint32_t* due) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  size_t left = 0, idle = 0;
+  for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
+    uint32_t old = 0;
+    for (uint32_t dirty = seg->dirty_units; dirty != 0; dirty &= dirty - 1) {
+      unsigned u = (unsigned)__builtin_ctz(dirty);
+      uint32_t freed = seg->unit_freed_ms[u];
+      bool waited = delay > 0 && hak_purge_is_due(freed, now_ms, delay);
+      /* Stamped if it waited the delay: taken again soon, it is a refault (learn.c). */
+      seg->unit_purged_ms[u] = waited ? now_ms | 1 : 0;
+      idle += waited;
+      int32_t before = (int32_t)(freed_by - freed);
+      if (all || before > 0 || (before == 0 && edge != 0)) {
+        edge -= before == 0 && !all;
+        old |= 1u << u;
+      } else {
+        left++;
+        uint32_t unit_due = freed + (uint32_t)delay;
+        if ((int32_t)(unit_due - *due) < 0) *due = unit_due;
+      }
+    }
+    seg->dirty_units &= ~old;
+    while (old != 0) {
+      unsigned lo = (unsigned)__builtin_ctz(old);
+      unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(old >> lo)); /* <= 32 */
+      hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
+      hak_committed_sub((size_t)len << HAK_UNIT_SHIFT);
+      old &= ~hak_unit_mask(lo, len);
+    }
+  }
+  heap->dirty_units = left;
+  if (idle != 0) hak_count(idle_purged_units, idle);
+}
+
 /* Gives back the memory of the empty pages and of the free units of the
  * heap's segments that have stayed so for the purge delay (all of them if
- * all), one madvise per run of units, and notes when the next is due.  An
- * empty page kept for reuse but not reused within the delay is retired first,
- * its units counted free since it emptied, so they go in the same pass. */
+ * all), and notes when the next is due.  An empty page kept for reuse but
+ * not reused within the delay is retired first, its units counted free since
+ * it emptied, so they go in the same pass. */
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
-  size_t left = 0;
   int32_t delay = HAK_POLICY(purge_delay_ms);
   all = all || delay == 0;
   uint32_t due = now_ms + (uint32_t)delay;
@@ -370,35 +411,44 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
     hak_heap_empty_remove(heap, page);
     page_release(heap, page, emptied);
   }
-  size_t idle = 0;
-  for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
-    uint32_t old = 0;
-    for (uint32_t dirty = seg->dirty_units; dirty != 0; dirty &= dirty - 1) {
-      unsigned u = (unsigned)__builtin_ctz(dirty);
-      uint32_t unit_due = seg->unit_freed_ms[u] + (uint32_t)delay;
-      bool waited = delay > 0 && (int32_t)(now_ms - unit_due) >= 0;
-      /* Stamped if it waited the delay: taken again soon, it is a refault (learn.c). */
-      seg->unit_purged_ms[u] = waited ? now_ms | 1 : 0;
-      idle += waited;
-      if (all || waited) {
-        old |= 1u << u;
-      } else {
-        left++;
-        if ((int32_t)(unit_due - due) < 0) due = unit_due;
-      }
-    }
-    seg->dirty_units &= ~old;
-    while (old != 0) {
-      unsigned lo = (unsigned)__builtin_ctz(old);
-      unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(old >> lo)); /* <= 32 */
-      hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
-      hak_committed_sub((size_t)len << HAK_UNIT_SHIFT);
-      old &= ~hak_unit_mask(lo, len);
-    }
-  }
-  heap->dirty_units = left;
+  heap_purge_units(heap, now_ms, all, now_ms - (uint32_t)delay, SIZE_MAX, &due);
   heap->purge_due_ms = due;
-  if (idle != 0) hak_count(idle_purged_units, idle);
+}
+
+/* Purges the heap's count oldest free units.  The ages are found one at a
+ * time, oldest first: pages retired together share their stamps, so there
+ * are few; past HAK_PURGE_AGES_MAX of them (a heap just absorbed, say) it
+ * purges every free unit rather than scan on. */
+#define HAK_PURGE_AGES_MAX 16
+static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count) {
+  uint32_t age = UINT32_MAX; /* the units older than this number `older` */
+  size_t older = 0;
+  for (unsigned pass = 0;; pass++) {
+    if (pass == HAK_PURGE_AGES_MAX) {
+      hak_heap_purge(heap, now_ms, true);
+      return;
+    }
+    uint32_t next = 0;
+    size_t at_next = 0;
+    for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next)
+      for (uint32_t dirty = seg->dirty_units; dirty != 0; dirty &= dirty - 1) {
+        uint32_t a = now_ms - seg->unit_freed_ms[__builtin_ctz(dirty)];
+        if (a >= age) continue;
+        if (at_next == 0 || a > next) {
+          next = a;
+          at_next = 1;
+        } else if (a == next) {
+          at_next++;
+        }
+      }
+    if (at_next == 0) return;
+    age = next;
+    if (older + at_next >= count) break;
+    older += at_next;
+  }
+  uint32_t due = heap->purge_due_ms;
+  heap_purge_units(heap, now_ms, false, now_ms - age, count - older, &due);
+  heap->purge_due_ms = due;
 }
 
 /* Moves every segment of from into heap (used when a heap absorbs an

@@ -17,9 +17,14 @@ void hak_segmap_set(const void* at, unsigned value) {
 
 /* Segments are carved from arena chunks reserved many at a time. */
 #define HAK_ARENA_CHUNK (32 * HAK_SEG_SIZE)
-/* Free segments kept backed (until the purge delay has passed); beyond this
- * they are purged as they are cached. */
+/* Free segments kept backed until the purge delay has passed: as many as the
+ * most segments ever in use at once (since the last trim) leaves beside those
+ * in use now, so that a program whose use of segments falls and rises again
+ * faults nothing in and never has more backed than at its peak (the huge-block
+ * arena's rule), within MAX, and at least KEEP.  Beyond, the oldest are
+ * purged as they are cached. */
 #define HAK_SEGMENT_DIRTY_KEEP 4
+#define HAK_SEGMENT_DIRTY_MAX 64 /* 128 MiB */
 
 static pthread_mutex_t segment_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Free segments whose memory is still backed, newest first; each one's
@@ -29,6 +34,9 @@ static hak_segment_t* cache_dirty;
 static _Atomic size_t cache_dirty_count; /* read unlocked */
 static _Atomic uint32_t cache_dirty_due_ms; /* when the oldest is due; read unlocked */
 static hak_segment_t* cache_clean;   /* free segments purged (they read as zero) */
+/* Segments in use (taken from the cache or the OS, not released), and the
+ * most at once since the last trim: written under segment_lock, read unlocked. */
+static _Atomic size_t segments_used, segments_used_peak;
 static uint8_t* arena_next;          /* next uncarved segment of the chunk */
 static uint8_t* arena_end;
 /* Every normal segment ever carved (they are never unmapped), so that a
@@ -95,6 +103,14 @@ static hak_segment_t* segment_from_os(void) {
   return seg;
 }
 
+/* Counts segments taken (+1) or released (-1), under segment_lock. */
+static void segments_count(int delta) {
+  size_t used = atomic_load_explicit(&segments_used, memory_order_relaxed) + (size_t)(ptrdiff_t)delta;
+  atomic_store_explicit(&segments_used, used, memory_order_relaxed);
+  if (used > atomic_load_explicit(&segments_used_peak, memory_order_relaxed))
+    atomic_store_explicit(&segments_used_peak, used, memory_order_relaxed);
+}
+
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   pthread_mutex_lock(&segment_lock);
   hak_segment_t* seg = cache_dirty;
@@ -107,6 +123,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   } else {
     seg = segment_from_os();
   }
+  if (seg != NULL) segments_count(1);
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
   /* A segment from the backed cache keeps its dirty units (still counted
@@ -149,21 +166,32 @@ static void cache_clean_push(hak_segment_t* seg, uint32_t now_ms, int32_t delay)
   pthread_mutex_unlock(&segment_lock);
 }
 
+/* The free segments that may stay backed now. */
+static size_t segments_dirty_budget(void) {
+  size_t used = atomic_load_explicit(&segments_used, memory_order_relaxed);
+  size_t room = atomic_load_explicit(&segments_used_peak, memory_order_relaxed) - used;
+  if (room > HAK_SEGMENT_DIRTY_MAX) room = HAK_SEGMENT_DIRTY_MAX; /* (also when the loads disagree) */
+  return room > HAK_SEGMENT_DIRTY_KEEP ? room : HAK_SEGMENT_DIRTY_KEEP;
+}
+
 /* Purges the cached backed segments that are due (all of them if all), and
- * beyond HAK_SEGMENT_DIRTY_KEEP the oldest whatever their age, unless purging
- * is off.  Cheap when nothing is due: one unlocked load. */
+ * beyond the budget the oldest whatever their age, unless purging is off.
+ * Cheap when nothing is due: a few unlocked loads. */
 void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   size_t count = atomic_load_explicit(&cache_dirty_count, memory_order_relaxed);
   int32_t delay = HAK_POLICY(purge_delay_ms); /* read once: one decision, one value */
   if (count == 0 || (!all && delay < 0)) return;
-  if (!all && count <= HAK_SEGMENT_DIRTY_KEEP &&
+  if (!all && count <= segments_dirty_budget() &&
       !hak_purge_is_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms, delay))
     return;
   hak_segment_t* purge = NULL;
   pthread_mutex_lock(&segment_lock);
-  size_t kept = 0;
+  size_t kept = 0, keep = segments_dirty_budget();
+  if (all) /* a new start for the budget */
+    atomic_store_explicit(&segments_used_peak, atomic_load_explicit(&segments_used, memory_order_relaxed),
+                          memory_order_relaxed);
   for (hak_segment_t **link = &cache_dirty, *seg; (seg = *link) != NULL;) {
-    bool over = kept >= HAK_SEGMENT_DIRTY_KEEP && delay >= 0;
+    bool over = kept >= keep && delay >= 0;
     if (all || over || hak_purge_is_due(seg->unit_freed_ms[0], now_ms, delay)) {
       *link = seg->next;
       seg->next = purge;
@@ -191,6 +219,9 @@ void hak_segment_release(hak_segment_t* seg) {
   hak_segment_set_owner_tid(seg, 0, memory_order_relaxed);
   uint32_t now = hak_now_ms();
   if (HAK_POLICY(purge_delay_ms) == 0) {
+    pthread_mutex_lock(&segment_lock);
+    segments_count(-1);
+    pthread_mutex_unlock(&segment_lock);
     cache_clean_push(seg, now, 0);
     return;
   }
@@ -200,6 +231,7 @@ void hak_segment_release(hak_segment_t* seg) {
   seg->next = cache_dirty;
   cache_dirty = seg;
   cache_dirty_count++;
+  segments_count(-1);
   pthread_mutex_unlock(&segment_lock);
   hak_segment_cache_purge(now, false);
 }

@@ -81,6 +81,8 @@ static void free_all(void** blocks, size_t n) {
   for (size_t i = 0; i < n; i++) free(blocks[i]);
 }
 
+static size_t minor_faults(void);
+
 enum { MAXB = 1 << 16 };
 static void* blocks[MAXB];
 
@@ -100,27 +102,80 @@ static size_t empty_units_of(hak_heap_t* heap, unsigned cls) {
   return n;
 }
 
-/* 24 MiB of 16 KiB blocks freed: what is purged at once, after the delay,
- * and never, depending on HAKMEM_PURGE_DELAY_MS; live blocks stay intact. */
+/* 40 MiB of 16 KiB blocks freed, all but one block in each segment (so that
+ * the segments stay the heap's): what is purged at once, after the delay, and
+ * never, depending on HAKMEM_PURGE_DELAY_MS; live blocks stay intact. */
 static void test_purge_delay(void) {
   int delay = HAK_POLICY(purge_delay_ms);
-  size_t n = fill(blocks, MAXB, 16 * 1024 - HAK_CANARY_SIZE, 24 * MIB); /* whole 16 KiB blocks */
+  size_t n = fill(blocks, MAXB, 16 * 1024 - HAK_CANARY_SIZE, 40 * MIB); /* whole 16 KiB blocks */
+  enum { PINS = 64 };
+  void* pins[PINS];
+  size_t npins = 0;
+  for (size_t i = 0; i < n; i++) {
+    bool seen = false;
+    for (size_t k = 0; k < npins && !seen; k++) seen = hak_segment_of(pins[k]) == hak_segment_of(blocks[i]);
+    if (seen) continue;
+    REQUIRE(npins < PINS);
+    pins[npins++] = blocks[i];
+    blocks[i] = NULL;
+  }
+  /* The bytes of the pages emptied (the pinned blocks' pages are not). */
+  size_t freed = n * 16 * 1024;
+  for (size_t k = 0; k < npins; k++) {
+    const hak_page_t* page = hak_page_of(hak_segment_of(pins[k]), pins[k]);
+    freed -= (size_t)page->capacity * page->block_size;
+  }
   size_t purged0 = C(purged_bytes);
   uint32_t freed_ms = hak_now_ms();
   free_all(blocks, n);
   size_t at_once = C(purged_bytes) - purged0;
-  if (delay == 0) CHECK(at_once >= 20 * MIB);
+  if (delay == 0) CHECK(at_once >= freed - 4 * MIB);
   if (delay < 0) CHECK(at_once == 0);
   if (delay > 0) {
-    /* Beyond the 16 MiB a heap may keep, purged at once; the rest waits. */
-    CHECK(at_once >= 4 * MIB);
-    CHECK(at_once < 24 * MIB);
+    /* Beyond the 16 MiB of free units a heap may keep (and its empty pages,
+     * 4 MiB), purged at once, the oldest first, no more; the rest waits. */
+    CHECK(at_once + 21 * MIB >= freed);
+    CHECK(at_once + 16 * MIB <= freed);
     page_event();
     if (hak_now_ms() - freed_ms < (uint32_t)delay / 2) /* (unless this machine stalled) */
       CHECK(C(purged_bytes) - purged0 - at_once < 2 * MIB); /* not yet due */
     sleep_ms(delay + 30);
     page_event();
-    CHECK(C(purged_bytes) - purged0 >= 20 * MIB);
+    CHECK(C(purged_bytes) - purged0 + 4 * MIB >= freed);
+  }
+  free_all(pins, npins);
+  CHECK(live_intact());
+}
+
+/* Free segments stay backed within the most ever in use, until the delay:
+ * blocks of 1 MiB (sixteen units: one to a segment) freed and allocated again
+ * fault nothing in. */
+static void test_segments_kept(void) {
+  int delay = HAK_POLICY(purge_delay_ms);
+  enum { N = 12 };
+  const size_t size = MIB - HAK_CANARY_SIZE;
+  void* p[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((p[i] = malloc(size)) != NULL);
+    memset(p[i], i, size);
+  }
+  size_t purged0 = C(purged_bytes);
+  free_all(p, N);
+  size_t at_once = C(purged_bytes) - purged0;
+  if (delay < 0) CHECK(at_once == 0);
+  if (delay == 0) CHECK(at_once >= (N - 2) * MIB);
+  if (delay > 0) {
+    CHECK(at_once == 0);
+    size_t faults = minor_faults();
+    for (int i = 0; i < N; i++) {
+      REQUIRE((p[i] = malloc(size)) != NULL);
+      memset(p[i], i, size);
+    }
+    CHECK(minor_faults() - faults < N * MIB / 4096 / 8);
+    free_all(p, N);
+    sleep_ms(delay + 30);
+    page_event();
+    CHECK(C(purged_bytes) - purged0 >= (N - 2) * MIB);
   }
   CHECK(live_intact());
 }
@@ -650,6 +705,7 @@ int main(int argc, char** argv) {
   }
   live_make();
   test_purge_delay();
+  test_segments_kept();
   test_reuse();
   test_empty_pages_age();
   test_huge_reuse();
