@@ -172,7 +172,7 @@ static void huge_cache_put(hak_segment_t* seg) {
  * backed memory does not exceed its peak in use; and within ARENA_DIRTY_MAX.
  * Beyond, the oldest are purged, at frees and at allocations (with a purge
  * delay of -1, none are).  docs/BENCHMARKS.md has the variants measured. */
-#define ARENA_DIRTY_MAX ((size_t)128 << 20)
+#define ARENA_DIRTY_MAX ((size_t)1 << 30)
 
 typedef struct arena_chunk_s {
   uint8_t* base; /* NULL: unused slot */

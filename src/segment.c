@@ -24,7 +24,7 @@ void hak_segmap_set(const void* at, unsigned value) {
  * arena's rule), within MAX, and at least KEEP.  Beyond, the oldest are
  * purged as they are cached. */
 #define HAK_SEGMENT_DIRTY_KEEP 4
-#define HAK_SEGMENT_DIRTY_MAX 64 /* 128 MiB */
+#define HAK_SEGMENT_DIRTY_MAX 512 /* 1 GiB, as the huge-block arena */
 
 static pthread_mutex_t segment_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Free segments whose memory is still backed, newest first; each one's
