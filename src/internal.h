@@ -180,6 +180,7 @@ struct hak_segment_s {
   uint32_t huge_off;           /* huge: the block's offset from the header (at most 2 MiB;
                                   not a pointer: memcheck would see the block reachable) */
   uint32_t huge_guard_page;    /* huge, secure build: the guard page after the block */
+  uint32_t free_count;         /* free units (counted as free_units changes) */
   _Alignas(64) hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
   uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
@@ -231,6 +232,10 @@ struct hak_heap_s {
   uint32_t purge_due_ms;                /* when the oldest of them or of the empty pages is due */
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
+  /* No segment of the list has more free units than this (a bound: a search
+   * that finds no room lowers it to the most it saw, and units given back
+   * raise it), so that a page no segment can hold does not walk them all. */
+  uint32_t segments_room;
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* heir_of;                  /* a live heap whose block this thread freed first, */
                                         /* absorbed on a refill once abandoned (heap.c) */

@@ -125,16 +125,25 @@ static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, 
 
 /* A segment of the heap with n free units in a row, preferring backed ones. */
 static hak_segment_t* segment_with_units(hak_heap_t* heap, unsigned n, int* idx) {
+  if (n > heap->segments_room) return NULL;
   hak_segment_t* found = NULL;
+  uint32_t room = 0;
   for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
     bool backed;
     int at = hak_segment_find_units(seg, n, &backed);
+    if (seg->free_count > room) room = seg->free_count;
     if (at < 0 || (found != NULL && !backed)) continue;
     found = seg;
     *idx = at;
     if (backed) break;
   }
+  if (found == NULL) heap->segments_room = room; /* (it saw them all) */
   return found;
+}
+
+/* Units given back to one of the heap's segments (or a segment joining it). */
+static void heap_note_room(hak_heap_t* heap, const hak_segment_t* seg) {
+  if (seg->free_count > heap->segments_room) heap->segments_room = seg->free_count;
 }
 
 /* A page of class cls (or one large block) on the n free units at idx of seg,
@@ -181,7 +190,9 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     }
     idx = 1;
   }
-  return page_place(heap, seg, (unsigned)idx, n, cls);
+  page = page_place(heap, seg, (unsigned)idx, n, cls);
+  heap_note_room(heap, seg); /* (a new segment: what the page leaves) */
+  return page;
 }
 
 /* The longest run of set bits in m: its length, and its first bit in *at. */
@@ -302,6 +313,8 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
     heap->dirty_units -= (size_t)__builtin_popcount(seg->dirty_units); /* kept with it */
     seg_remove(&heap->segments, seg);
     hak_segment_release(seg);
+  } else {
+    heap_note_room(heap, seg);
   }
 }
 
@@ -463,6 +476,7 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
       atomic_store_explicit(&seg->heap, heap, memory_order_release);
       hak_segment_set_owner_tid(seg, heap->tid, memory_order_relaxed);
       seg_push(to[l], seg);
+      heap_note_room(heap, seg);
     }
   }
 }

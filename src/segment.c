@@ -138,6 +138,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   if (dirty || HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
   seg->kind = HAK_SEG_NORMAL;
   seg->free_units = HAK_SEG_ALL_FREE;
+  seg->free_count = HAK_UNITS - 1;
   seg->next = seg->prev = NULL;
   seg->map_size = 0;
   seg->huge_off = 0;
@@ -287,6 +288,7 @@ static uint32_t run_starts(uint32_t mask, unsigned n) {
  * still backed if there is one (reusing them costs no page fault, and lets
  * the purge take the ones left idle), else the first. */
 int hak_segment_find_units(hak_segment_t* seg, unsigned n, bool* backed) {
+  if (seg->free_count < n) return -1;
   uint32_t m = run_starts(seg->free_units, n);
   if (m == 0) return -1;
   uint32_t d = run_starts(seg->dirty_units, n);
@@ -297,9 +299,11 @@ int hak_segment_find_units(hak_segment_t* seg, unsigned n, bool* backed) {
 void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_assert((seg->free_units & hak_unit_mask(idx, n)) == hak_unit_mask(idx, n));
   seg->free_units &= ~hak_unit_mask(idx, n);
+  seg->free_count -= n;
 }
 
 void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_assert((seg->free_units & hak_unit_mask(idx, n)) == 0);
   seg->free_units |= hak_unit_mask(idx, n);
+  seg->free_count += n;
 }

@@ -148,8 +148,9 @@ static int find(hak_segment_t* seg, unsigned n) {
 }
 
 static void test_unit_runs(void) {
-  static hak_segment_t seg; /* only the unit bitmaps are used */
+  static hak_segment_t seg; /* only the unit bitmaps and count are used */
   seg.free_units = 0xFFFFFFFFu;
+  seg.free_count = 32;
   CHECK(find(&seg, 1) == 0);
   CHECK(find(&seg, 32) == 0);
   hak_segment_take_units(&seg, 0, 3);
@@ -159,6 +160,7 @@ static void test_unit_runs(void) {
   CHECK(find(&seg, 2) == 14);
   CHECK(find(&seg, 18) == 14);
   CHECK(find(&seg, 19) == -1);
+  CHECK(seg.free_count == 19);
   hak_segment_give_units(&seg, 0, 3);
   CHECK(find(&seg, 4) == 0); /* units 0-3: unit 3 was never taken */
   CHECK(find(&seg, 5) == 14);
