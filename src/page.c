@@ -431,7 +431,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
 /* Purges the heap's count oldest free units.  The ages are found one at a
  * time, oldest first: pages retired together share their stamps, so there
  * are few; past HAK_PURGE_AGES_MAX of them (a heap just absorbed, say) it
- * purges every free unit rather than scan on. */
+ * gives back all it can, as hak_heap_purge(all) does, rather than scan on. */
 #define HAK_PURGE_AGES_MAX 16
 static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count) {
   uint32_t age = UINT32_MAX; /* the units older than this number `older` */
