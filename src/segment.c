@@ -70,10 +70,20 @@ void hak_segments_fork_child(hak_heap_t* survivor) {
     if (hak_segment_heap(registry[i]) != survivor) hak_segment_set_owner_tid(registry[i], 0, memory_order_relaxed);
 }
 
-/* The owner thread's id goes on every descriptor of the segment, page or
- * not (a page made later takes its heap's, page_place). */
+/* The owner thread's id goes on the descriptor heading each page of the
+ * segment, the only one free reads (a page made later takes its heap's,
+ * page_place).  Every other descriptor stays all zero, a free segment's
+ * too: a page's are cleared as it is retired. */
 void hak_segment_set_owner_tid(hak_segment_t* seg, uintptr_t tid, memory_order order) {
-  for (unsigned u = 0; u < HAK_UNITS; u++) atomic_store_explicit(&seg->pages[u].owner_tid, tid, order);
+  for (unsigned u = 1; u < HAK_UNITS;) {
+    unsigned units = seg->pages[u].units;
+    if (units == 0) {
+      u++;
+      continue;
+    }
+    atomic_store_explicit(&seg->pages[u].owner_tid, tid, order);
+    u += units;
+  }
 }
 
 void hak_segments_lock(void) { pthread_mutex_lock(&segment_lock); }
@@ -134,8 +144,12 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
     hak_committed_add(HAK_SEG_HDR_SIZE);
     seg->dirty_units = 0; /* unit_purged_ms: zero from the OS, else stamped as it was cached */
   }
-  /* A purged header reads as zero only after MADV_DONTNEED, not MADV_FREE. */
-  if (dirty || HAK_POLICY(purge_mode) != HAK_PURGE_DONTNEED) memset(seg->pages, 0, sizeof seg->pages);
+  /* Its descriptors are all zero (hak_segment_set_owner_tid), whether its
+   * header was purged or not. */
+#if HAK_DEBUG
+  static const hak_page_t zero;
+  for (unsigned u = 0; u < HAK_UNITS; u++) hak_assert(memcmp(&seg->pages[u], &zero, sizeof zero) == 0);
+#endif
   seg->kind = HAK_SEG_NORMAL;
   seg->free_units = HAK_SEG_ALL_FREE;
   seg->free_count = HAK_UNITS - 1;
@@ -143,7 +157,6 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   seg->map_size = 0;
   seg->huge_off = 0;
   atomic_store_explicit(&seg->heap, heap, memory_order_release);
-  hak_segment_set_owner_tid(seg, heap->tid, memory_order_relaxed);
   hak_segmap_set(seg, HAK_MAP_SEGMENT);
   hak_count(segments, 1);
   return seg;
@@ -217,7 +230,6 @@ void hak_segment_release(hak_segment_t* seg) {
   hak_assert(seg->free_units == HAK_SEG_ALL_FREE);
   hak_segmap_set(seg, HAK_MAP_NONE);
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
-  hak_segment_set_owner_tid(seg, 0, memory_order_relaxed);
   uint32_t now = hak_now_ms();
   if (HAK_POLICY(purge_delay_ms) == 0) {
     pthread_mutex_lock(&segment_lock);
