@@ -36,8 +36,9 @@ static void check_page(hak_heap_t* heap, const hak_page_t* page) {
   }
 }
 
-static void check_segments(hak_heap_t* heap, hak_segment_t* list, bool full, size_t* dirty) {
+static void check_segments(hak_heap_t* heap, hak_segment_t* list, bool full, size_t* dirty, size_t* count) {
   for (hak_segment_t* seg = list; seg != NULL; seg = seg->next) {
+    ++*count;
     CHECK(hak_segment_heap(seg) == heap && seg->kind == HAK_SEG_NORMAL, "segment list");
     CHECK(seg->next == NULL || seg->next->prev == seg, "segment links");
     CHECK(full ? seg->free_units == 0 : seg->free_units != 0, "segment on the wrong list");
@@ -82,10 +83,11 @@ void hak_heap_check(hak_heap_t* heap) {
   CHECK(heap->empty.last == prev && units == heap->empty_units, "empty pages' units");
   CHECK(large_units == heap->empty_large_units && large_units <= HAK_EMPTY_LARGE_UNITS_KEEP,
         "empty large pages' units");
-  size_t dirty = 0;
-  check_segments(heap, heap->segments, false, &dirty);
-  check_segments(heap, heap->full_segments, true, &dirty);
+  size_t dirty = 0, count = 0;
+  check_segments(heap, heap->segments, false, &dirty, &count);
+  check_segments(heap, heap->full_segments, true, &dirty, &count);
   CHECK(dirty == heap->dirty_units, "dirty unit count");
+  CHECK(count == heap->segment_count, "segment count");
 }
 
 #endif

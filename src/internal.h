@@ -91,7 +91,8 @@ void hak_heap_check(struct hak_heap_s* heap);
 /* A class whose pages hold at most this many blocks keeps an emptied page as
  * its spare (heap.c, heap_keep_empty). */
 #define HAK_SPARE_BLOCKS_MAX 16
-/* Free units a heap keeps backed at most, waiting for the purge delay (16 MiB):
+/* Free units a heap keeps backed at most, waiting for the purge delay: an
+ * eighth of the units of its segments, and at least this many (16 MiB);
  * beyond, the oldest are purged. */
 #define HAK_DIRTY_UNITS_MAX 256
 /* Free units an exiting thread's heap may keep backed (128 KiB). */
@@ -236,6 +237,7 @@ struct hak_heap_s {
    * that finds no room lowers it to the most it saw, and units given back
    * raise it), so that a page no segment can hold does not walk them all. */
   uint32_t segments_room;
+  size_t segment_count;                 /* its segments (both lists) */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* heir_of;                  /* a live heap whose block this thread freed first, */
                                         /* absorbed on a refill once abandoned (heap.c) */

@@ -184,6 +184,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     hak_heaps_collect_spare(heap);
     if ((seg = hak_segment_acquire(heap)) == NULL) return NULL;
     seg_push(&heap->segments, seg);
+    heap->segment_count++;
     if (seg->dirty_units != 0) { /* a cached segment still backed: purged in the heap's turn */
       hak_heap_purge_by(heap, hak_now_ms()); /* the next pass works out when */
       heap->dirty_units += (size_t)__builtin_popcount(seg->dirty_units);
@@ -312,6 +313,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
     /* Leaving the heap: the cache purges it in its turn. */
     heap->dirty_units -= (size_t)__builtin_popcount(seg->dirty_units); /* kept with it */
     seg_remove(&heap->segments, seg);
+    heap->segment_count--;
     hak_segment_release(seg);
   } else {
     heap_note_room(heap, seg);
@@ -347,17 +349,19 @@ static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count);
 
 /* The purge check of the page-level events (a page retired, made or
  * emptied): the empty pages and free units that have waited the delay, and
- * the oldest free units beyond HAK_DIRTY_UNITS_MAX (the delay is only checked
- * on these events, so this bounds what a thread that stops making pages keeps
- * backed; purging only the excess spares a program whose free units hover
- * about the bound a fault on each of them every time they cross it). */
+ * the oldest free units beyond the bound (HAK_DIRTY_UNITS_MAX, or an eighth
+ * of the heap's segments for a big heap: the delay is only checked on these
+ * events, so this bounds what a thread that stops making pages keeps backed;
+ * purging only the excess spares a program whose free units hover about the
+ * bound a fault on each of them every time they cross it). */
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if ((heap->dirty_units != 0 || heap->empty.first != NULL) && delay >= 0) {
     /* A due time set under a longer delay (hak_option_set shortened it). */
     if ((int32_t)(heap->purge_due_ms - (now_ms + (uint32_t)delay)) > 0) heap->purge_due_ms = now_ms;
-    if (heap->dirty_units > HAK_DIRTY_UNITS_MAX)
-      heap_purge_oldest(heap, now_ms, heap->dirty_units - HAK_DIRTY_UNITS_MAX);
+    size_t bound = heap->segment_count * (HAK_UNITS - 1) / 8;
+    if (bound < HAK_DIRTY_UNITS_MAX) bound = HAK_DIRTY_UNITS_MAX;
+    if (heap->dirty_units > bound) heap_purge_oldest(heap, now_ms, heap->dirty_units - bound);
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
       hak_heap_purge(heap, now_ms, false);
   }
@@ -477,6 +481,8 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
       hak_segment_set_owner_tid(seg, heap->tid, memory_order_relaxed);
       seg_push(to[l], seg);
       heap_note_room(heap, seg);
+      heap->segment_count++;
+      from->segment_count--;
     }
   }
 }
