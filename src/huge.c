@@ -223,7 +223,7 @@ static unsigned bits_count(const uint64_t* w, unsigned i, unsigned end) {
   unsigned count = 0;
   for (unsigned stop; i < end; i = stop) {
     stop = bits_stop(i, end);
-    count += (unsigned)__builtin_popcountll(w[i >> 6] & bits_mask(i, stop));
+    count += (unsigned)hak_popcount(w[i >> 6] & bits_mask(i, stop));
   }
   return count;
 }
@@ -398,7 +398,7 @@ static uint64_t arena_take(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t* 
   ch->free_count -= n;
   arena_used += (size_t)n * ARENA_GRANULE;
   if (arena_used > arena_used_peak) arena_used_peak = arena_used;
-  arena_dirty_sub((size_t)__builtin_popcountll(dirty) * ARENA_GRANULE);
+  arena_dirty_sub((size_t)hak_popcount(dirty) * ARENA_GRANULE);
   return dirty;
 }
 

@@ -28,6 +28,16 @@
  * (peak RSS; docs/BENCHMARKS.md).  Common needs external linkage:
  * hak_-prefixed names. */
 #define HAK_BSS_LAST __attribute__((common))
+
+/* Bits set in x.  The baseline x86-64 target has no popcnt instruction, and
+ * __builtin_popcount would call libgcc's table-driven routine from the
+ * segment and arena paths; this is a few shifts and one multiply, inline. */
+HAK_INLINE unsigned hak_popcount(uint64_t x) {
+  x -= (x >> 1) & 0x5555555555555555ull;
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return (unsigned)((x * 0x0101010101010101ull) >> 56);
+}
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 

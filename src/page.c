@@ -115,8 +115,8 @@ static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, 
   uint32_t reused = seg->dirty_units & hak_unit_mask(idx, n);
   if (reused != hak_unit_mask(idx, n)) hak_learn_note_reuse(seg, hak_unit_mask(idx, n) & ~reused);
   seg->dirty_units &= ~reused;
-  heap->dirty_units -= (size_t)__builtin_popcount(reused);
-  hak_committed_add((size_t)(n - (unsigned)__builtin_popcount(reused)) << HAK_UNIT_SHIFT);
+  heap->dirty_units -= (size_t)hak_popcount(reused);
+  hak_committed_add((size_t)(n - (unsigned)hak_popcount(reused)) << HAK_UNIT_SHIFT);
   if (seg->free_units == 0) {
     seg_remove(&heap->segments, seg);
     seg_push(&heap->full_segments, seg);
@@ -187,7 +187,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     heap->segment_count++;
     if (seg->dirty_units != 0) { /* a cached segment still backed: purged in the heap's turn */
       hak_heap_purge_by(heap, hak_now_ms()); /* the next pass works out when */
-      heap->dirty_units += (size_t)__builtin_popcount(seg->dirty_units);
+      heap->dirty_units += (size_t)hak_popcount(seg->dirty_units);
     }
     idx = 1;
   }
@@ -311,7 +311,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   }
   if (seg->free_units == HAK_SEG_ALL_FREE) {
     /* Leaving the heap: the cache purges it in its turn. */
-    heap->dirty_units -= (size_t)__builtin_popcount(seg->dirty_units); /* kept with it */
+    heap->dirty_units -= (size_t)hak_popcount(seg->dirty_units); /* kept with it */
     seg_remove(&heap->segments, seg);
     heap->segment_count--;
     hak_segment_release(seg);

@@ -169,10 +169,10 @@ static void cache_clean_push(hak_segment_t* seg, uint32_t now_ms, int32_t delay)
   uint32_t dirty = seg->dirty_units;
   bool waited = delay > 0 && hak_purge_is_due(seg->unit_freed_ms[0], now_ms, delay);
   hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
-  hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)__builtin_popcount(dirty) << HAK_UNIT_SHIFT));
+  hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)hak_popcount(dirty) << HAK_UNIT_SHIFT));
   for (unsigned u = 0; u < HAK_UNITS; u++)
     seg->unit_purged_ms[u] = waited && (dirty >> u & 1) ? now_ms | 1 : 0;
-  if (waited && dirty != 0) hak_count(idle_purged_units, (size_t)__builtin_popcount(dirty));
+  if (waited && dirty != 0) hak_count(idle_purged_units, (size_t)hak_popcount(dirty));
   seg->dirty_units = 0;
   pthread_mutex_lock(&segment_lock);
   seg->next = cache_clean;
@@ -262,7 +262,7 @@ void hak_segments_usage(hak_usage_t* usage) {
     }
     usage->segments++;
     usage->free_unit_bytes +=
-        (size_t)__builtin_popcount(__atomic_load_n(&seg->free_units, __ATOMIC_RELAXED)) << HAK_UNIT_SHIFT;
+        (size_t)hak_popcount(__atomic_load_n(&seg->free_units, __ATOMIC_RELAXED)) << HAK_UNIT_SHIFT;
     for (unsigned u = 1; u < HAK_UNITS;) {
       hak_page_t* page = &seg->pages[u];
       unsigned units = __atomic_load_n(&page->units, __ATOMIC_RELAXED);
