@@ -88,6 +88,9 @@ void hak_heap_check(hak_heap_t* heap) {
   check_segments(heap, heap->full_segments, true, &dirty, &count);
   CHECK(dirty == heap->dirty_units, "dirty unit count");
   CHECK(count == heap->segment_count, "segment count");
+  for (unsigned i = 0; i < HAK_LARGE_RUNS; i++)
+    CHECK(heap->large_runs[i] == 0 || hak_segment_heap((hak_segment_t*)(heap->large_runs[i] & ~(uintptr_t)HAK_SEG_MASK)) == heap,
+          "a large run of a segment the heap does not hold");
 }
 
 #endif

@@ -98,6 +98,11 @@ void hak_heap_check(struct hak_heap_s* heap);
  * where every page of a block is written, by 1%: docs/BENCHMARKS.md). */
 #define HAK_EMPTY_UNITS_KEEP 64
 #define HAK_EMPTY_LARGE_UNITS_KEEP 16
+#define HAK_LARGE_RUNS 16 /* large blocks' runs given back lately, per heap (page.c) */
+/* ... kept only by a heap of more segments than this: the headers of fewer
+ * stay in the cache (they share its sets: segments are 2 MiB aligned), so a
+ * walk of them costs less than the ring's own line. */
+#define HAK_LARGE_RUNS_SEGMENTS 8
 /* A class whose pages hold at most this many blocks keeps an emptied page as
  * its spare (heap.c, heap_keep_empty). */
 #define HAK_SPARE_BLOCKS_MAX 16
@@ -263,6 +268,14 @@ struct hak_heap_s {
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
   hak_heap_stats_t stats;
+  /* The runs of the large blocks' pages it gave back lately (a ring, newest
+   * at large_run_next - 1), so that a new large block takes one of its size
+   * again, still backed, without walking a big heap's segments (page.c).
+   * Each is its segment's address | first unit << 5 | units (0: none): a
+   * hint, checked against the segment's units, and cleared when the
+   * segment leaves the heap.  Two lines, touched only by large pages. */
+  _Alignas(64) uintptr_t large_runs[HAK_LARGE_RUNS];
+  uint32_t large_run_next;               /* the ring's next slot */
 };
 
 enum { HAK_HEAP_EMPTY = 0, HAK_HEAP_DEAD = 1, HAK_HEAP_THREAD = 2, HAK_HEAP_GLOBAL = 3 };

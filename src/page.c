@@ -141,6 +141,41 @@ static hak_segment_t* segment_with_units(hak_heap_t* heap, unsigned n, int* idx)
   return found;
 }
 
+/* The smallest run a large block takes (one above the largest class): the
+ * ring keeps no smaller one (the one-unit pages of realloc's homes). */
+#define HAK_LARGE_MIN_UNITS ((HAK_CLASS_MAX_SIZE + HAK_UNIT_SIZE) >> HAK_UNIT_SHIFT)
+#define LARGE_RUN_UNITS 31u /* of a ring entry: units; above them, << 5, the first */
+
+/* The newest run of n units the heap gave back from a large block's page
+ * that is still free and backed, taken out of the ring; NULL if none. */
+static hak_segment_t* large_run_again(hak_heap_t* heap, unsigned n, int* idx) {
+  for (unsigned i = 1; i <= HAK_LARGE_RUNS; i++) {
+    uintptr_t* run = &heap->large_runs[(heap->large_run_next - i) % HAK_LARGE_RUNS];
+    if ((*run & LARGE_RUN_UNITS) != n) continue;
+    hak_segment_t* seg = (hak_segment_t*)(*run & ~(uintptr_t)HAK_SEG_MASK);
+    unsigned at = (unsigned)(*run >> 5) & 31;
+    *run = 0;
+    uint32_t mask = hak_unit_mask(at, n);
+    if ((seg->dirty_units & mask) == mask) { /* (dirty units are free) */
+      *idx = (int)at;
+      return seg;
+    }
+  }
+  return NULL;
+}
+
+/* Notes a run a large block's page gave back. */
+static void large_run_note(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n) {
+  if (n < HAK_LARGE_MIN_UNITS || n > LARGE_RUN_UNITS || heap->segment_count <= HAK_LARGE_RUNS_SEGMENTS) return;
+  heap->large_runs[heap->large_run_next++ % HAK_LARGE_RUNS] = (uintptr_t)seg | idx << 5 | n;
+}
+
+/* Forgets the runs of a segment leaving the heap. */
+static void large_runs_forget(hak_heap_t* heap, const hak_segment_t* seg) {
+  for (unsigned i = 0; i < HAK_LARGE_RUNS; i++)
+    if ((heap->large_runs[i] & ~(uintptr_t)HAK_SEG_MASK) == (uintptr_t)seg) heap->large_runs[i] = 0;
+}
+
 /* Units given back to one of the heap's segments (or a segment joining it). */
 static void heap_note_room(hak_heap_t* heap, const hak_segment_t* seg) {
   if (seg->free_count > heap->segments_room) heap->segments_room = seg->free_count;
@@ -170,7 +205,10 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
   hak_page_t* page = page_from_empty(heap, cls, n);
   if (page != NULL) return page;
   int idx = -1;
-  hak_segment_t* seg = segment_with_units(heap, n, &idx);
+  hak_segment_t* seg = cls == HAK_CLASS_LARGE && heap->segment_count > HAK_LARGE_RUNS_SEGMENTS
+                           ? large_run_again(heap, n, &idx)
+                           : NULL;
+  if (seg == NULL) seg = segment_with_units(heap, n, &idx);
   if (seg == NULL && heap->empty.first != NULL) {
     /* Empty pages of other sizes may free a long enough run. */
     hak_heap_flush_empty(heap);
@@ -297,7 +335,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   hak_assert(page->used == 0);
   hak_segment_t* seg = hak_segment_of(page);
   unsigned idx = page->index, n = page->units;
-  bool was_full = seg->free_units == 0;
+  bool was_full = seg->free_units == 0, large = page->cls == HAK_CLASS_LARGE;
   hak_stat_add(heap->stats.retires[hak_stat_class(page)], 1);
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
   hak_segment_give_units(seg, idx, n);
@@ -314,9 +352,11 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
     heap->dirty_units -= (size_t)hak_popcount(seg->dirty_units); /* kept with it */
     seg_remove(&heap->segments, seg);
     heap->segment_count--;
+    large_runs_forget(heap, seg);
     hak_segment_release(seg);
   } else {
     heap_note_room(heap, seg);
+    if (large) large_run_note(heap, seg, idx, n);
   }
 }
 
@@ -473,6 +513,7 @@ static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count) {
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
   hak_segment_t** lists[2] = {&from->segments, &from->full_segments};
   hak_segment_t** to[2] = {&heap->segments, &heap->full_segments};
+  memset(from->large_runs, 0, sizeof from->large_runs);
   for (int l = 0; l < 2; l++) {
     while (*lists[l] != NULL) {
       hak_segment_t* seg = *lists[l];

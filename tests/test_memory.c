@@ -180,6 +180,46 @@ static void test_segments_kept(void) {
   CHECK(live_intact());
 }
 
+/* A heap of many segments holding large blocks (a thread of its own: a new
+ * heap): the runs it gives back are taken again by new blocks of their size,
+ * newest first (the same places, no new segment), and the heap's ring of
+ * them never names a segment it has let go. */
+static void* large_runs_thread(void* arg) {
+  (void)arg;
+  enum { N = 2 * (HAK_LARGE_RUNS + 1) }; /* half of them freed: the ring's worth, one kept empty */
+  const size_t size = 800 * 1024 - HAK_CANARY_SIZE; /* 13 units: two per segment */
+  void* p[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((p[i] = malloc(size)) != NULL);
+    memset(p[i], i, 4096);
+  }
+  hak_heap_t* heap = hak_tls_heap; /* (made by the first malloc) */
+  size_t segments = heap->segment_count;
+  void* freed[N / 2];
+  for (int i = 0; i < N / 2; i++) {
+    freed[i] = p[2 * i];
+    free(p[2 * i]);
+  }
+  /* One kept as an empty page (but with a purge delay of 0), the others
+   * given back to their segments (with a delay of 0 purged at once: those
+   * go the usual way). */
+  unsigned recorded = 0;
+  for (unsigned i = 0; i < HAK_LARGE_RUNS; i++) recorded += (heap->large_runs[i] & 31) == 13;
+  unsigned given_back = N / 2 - (unsigned)(heap->empty_large_units / 13);
+  CHECK(recorded == (given_back < HAK_LARGE_RUNS ? given_back : HAK_LARGE_RUNS));
+  for (int i = 0; i < N / 2; i++) {
+    REQUIRE((p[2 * i] = malloc(size)) != NULL);
+    int known = 0;
+    for (int j = 0; j < N / 2; j++) known |= p[2 * i] == freed[j];
+    if (HAK_POLICY(purge_delay_ms) != 0) CHECK(known);
+  }
+  CHECK(heap->segment_count == segments);
+  free_all(p, N);
+  for (unsigned i = 0; i < HAK_LARGE_RUNS; i++)
+    CHECK(heap->large_runs[i] == 0 || hak_segment_heap((hak_segment_t*)(heap->large_runs[i] & ~(uintptr_t)HAK_SEG_MASK)) == heap);
+  return NULL;
+}
+
 /* Empty pages a heap keeps for reuse are given back once they have not been
  * reused for the purge delay (never with -1, at the next page event with 0). */
 static void test_empty_pages_age(void) {
@@ -706,6 +746,7 @@ int main(int argc, char** argv) {
   live_make();
   test_purge_delay();
   test_segments_kept();
+  in_new_thread(large_runs_thread);
   test_reuse();
   test_empty_pages_age();
   test_huge_reuse();
