@@ -246,6 +246,7 @@ struct hak_heap_s {
   size_t empty_large_units;             /* of those, in large blocks' pages */
   size_t dirty_units;                   /* free units of its segments not yet purged */
   uint32_t purge_due_ms;                /* when the oldest of them or of the empty pages is due */
+  uint32_t purge_looked_ms;             /* when its page events last looked at the process's caches */
   hak_segment_t* segments;              /* segments with free units */
   hak_segment_t* full_segments;         /* segments without */
   /* No segment of the list has more free units than this (a bound: a search

@@ -354,6 +354,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
     heap->segment_count--;
     large_runs_forget(heap, seg);
     hak_segment_release(seg);
+    heap->purge_looked_ms = 0; /* the cache may be over its budget: look at the next event */
   } else {
     heap_note_room(heap, seg);
     if (large) large_run_note(heap, seg, idx, n);
@@ -405,6 +406,12 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
       hak_heap_purge(heap, now_ms, false);
   }
+  /* The process-wide caches once a clock tick at most per heap (the coarse
+   * clock ticks every few milliseconds), but at once after the heap gave a
+   * segment back: a program making and freeing large blocks makes millions
+   * of page events a second. */
+  if (now_ms == heap->purge_looked_ms) return;
+  heap->purge_looked_ms = now_ms;
   hak_segment_cache_purge(now_ms, false);
   hak_huge_purge_if_due(now_ms);
   if (HAK_POLICY(learn)) hak_learn_step(now_ms);
