@@ -106,8 +106,8 @@ void hak_heap_check(struct hak_heap_s* heap);
 /* A class whose pages hold at most this many blocks keeps an emptied page as
  * its spare (heap.c, heap_keep_empty). */
 #define HAK_SPARE_BLOCKS_MAX 16
-/* Free units a heap keeps backed at most, waiting for the purge delay: an
- * eighth of the units of its segments, and at least this many (16 MiB);
+/* Free units a heap keeps backed at most, waiting for the purge delay: half
+ * the units of its segments, and at least this many (16 MiB);
  * beyond, the oldest are purged. */
 #define HAK_DIRTY_UNITS_MAX 256
 /* Free units an exiting thread's heap may keep backed (128 KiB). */

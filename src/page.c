@@ -390,8 +390,8 @@ static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count);
 
 /* The purge check of the page-level events (a page retired, made or
  * emptied): the empty pages and free units that have waited the delay, and
- * the oldest free units beyond the bound (HAK_DIRTY_UNITS_MAX, or an eighth
- * of the heap's segments for a big heap: the delay is only checked on these
+ * the oldest free units beyond the bound (HAK_DIRTY_UNITS_MAX, or half the
+ * units of the heap's segments for a big heap: the delay is only checked on these
  * events, so this bounds what a thread that stops making pages keeps backed;
  * purging only the excess spares a program whose free units hover about the
  * bound a fault on each of them every time they cross it). */
@@ -400,7 +400,7 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
   if ((heap->dirty_units != 0 || heap->empty.first != NULL) && delay >= 0) {
     /* A due time set under a longer delay (hak_option_set shortened it). */
     if ((int32_t)(heap->purge_due_ms - (now_ms + (uint32_t)delay)) > 0) heap->purge_due_ms = now_ms;
-    size_t bound = heap->segment_count * (HAK_UNITS - 1) / 8;
+    size_t bound = heap->segment_count * (HAK_UNITS - 1) / 2;
     if (bound < HAK_DIRTY_UNITS_MAX) bound = HAK_DIRTY_UNITS_MAX;
     if (heap->dirty_units > bound) heap_purge_oldest(heap, now_ms, heap->dirty_units - bound);
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
