@@ -312,7 +312,7 @@ static HAK_NOINLINE void heap_keep_empty(hak_heap_t* heap, hak_page_t* page) {
     if (heap->empty_units <= HAK_EMPTY_UNITS_KEEP) /* too many large ones: the oldest of those */
       while (oldest->cls != HAK_CLASS_LARGE) oldest = oldest->prev;
     hak_heap_empty_remove(heap, oldest);
-    hak_page_retire(heap, oldest);
+    hak_page_retire(heap, oldest, now);
   }
   hak_heap_purge_if_due(heap, now);
   hak_heap_check(heap);
@@ -332,16 +332,18 @@ void hak_heap_page_empty(hak_heap_t* heap, hak_page_t* page) {
 
 /* Gives the units of every kept empty page (spares too) back to their segments. */
 void hak_heap_flush_empty(hak_heap_t* heap) {
+  uint32_t now = hak_now_ms();
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     if (heap->spare[c] == NULL) continue;
-    hak_page_retire(heap, heap->spare[c]);
+    hak_page_retire(heap, heap->spare[c], now);
     heap->spare[c] = NULL;
   }
   while (heap->empty.first != NULL) {
     hak_page_t* page = heap->empty.first;
     hak_heap_empty_remove(heap, page);
-    hak_page_retire(heap, page);
+    hak_page_retire(heap, page, now);
   }
+  hak_heap_purge_if_due(heap, now);
 }
 
 /* Frees block b (its start) of a page that heap owns. */
@@ -518,7 +520,7 @@ static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
       next = page->next;
       if (page->used == 0) {
         hak_queue_remove(&heap->queue[c], page);
-        hak_page_retire(heap, page);
+        hak_page_retire(heap, page, hak_now_ms());
       } else if (pages) {
         hak_page_trim(page);
       }
@@ -685,7 +687,7 @@ bool hak_trim(void) {
       if (page == &hak_page_empty || page->used != HAK_USED_PINNED) continue;
       hak_queue_remove(&heap->queue[c], page);
       hak_heap_set_current(heap, c); /* unpinned: empty */
-      hak_page_retire(heap, page);
+      hak_page_retire(heap, page, now);
     }
     hak_heap_flush_empty(heap);
     hak_heap_purge(heap, now, true);

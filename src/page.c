@@ -256,12 +256,14 @@ static unsigned longest_run(uint32_t m, unsigned* at) {
  * the last growing buffer's home is usually among them, still backed. */
 hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size) {
   unsigned n = (unsigned)((size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT);
+  uint32_t now = hak_now_ms();
   for (hak_page_t* page = heap->empty.first, *next; page != NULL; page = next) {
     next = page->next;
     if (page->cls != HAK_CLASS_LARGE) continue;
     hak_heap_empty_remove(heap, page);
-    hak_page_retire(heap, page);
+    hak_page_retire(heap, page, now);
   }
+  hak_heap_purge_if_due(heap, now);
   hak_segment_t* best = NULL;
   unsigned best_len = 0, best_at = 0;
   for (hak_segment_t* seg = heap->segments; seg != NULL; seg = seg->next) {
@@ -361,11 +363,7 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
   }
 }
 
-void hak_page_retire(hak_heap_t* heap, hak_page_t* page) {
-  uint32_t now = hak_now_ms();
-  page_release(heap, page, now);
-  hak_heap_purge_if_due(heap, now);
-}
+void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t now_ms) { page_release(heap, page, now_ms); }
 
 /* When a kept empty page became empty (hak_heap_page_empty notes it in the
  * segment's unit_freed_ms of its first unit, which is not a free unit). */
@@ -386,7 +384,16 @@ void hak_heap_purge_by(hak_heap_t* heap, uint32_t due_ms) {
   if (!pending || (int32_t)(due_ms - heap->purge_due_ms) < 0) heap->purge_due_ms = due_ms;
 }
 
-static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count);
+static HAK_NOINLINE void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count);
+
+/* The process-wide caches' purges, and the learner's step (out of line: the
+ * page events' check stays a leaf). */
+static HAK_NOINLINE void heap_look_at_caches(hak_heap_t* heap, uint32_t now_ms) {
+  heap->purge_looked_ms = now_ms;
+  hak_segment_cache_purge(now_ms, false);
+  hak_huge_purge_if_due(now_ms);
+  if (HAK_POLICY(learn)) hak_learn_step(now_ms);
+}
 
 /* The purge check of the page-level events (a page retired, made or
  * emptied): the empty pages and free units that have waited the delay, and
@@ -410,11 +417,7 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
    * clock ticks every few milliseconds), but at once after the heap gave a
    * segment back: a program making and freeing large blocks makes millions
    * of page events a second. */
-  if (now_ms == heap->purge_looked_ms) return;
-  heap->purge_looked_ms = now_ms;
-  hak_segment_cache_purge(now_ms, false);
-  hak_huge_purge_if_due(now_ms);
-  if (HAK_POLICY(learn)) hak_learn_step(now_ms);
+  if (now_ms != heap->purge_looked_ms) heap_look_at_caches(heap, now_ms);
 }
 
 /* Purges the free units of the heap's segments freed before freed_by, and of
@@ -484,7 +487,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
  * are few; past HAK_PURGE_AGES_MAX of them (a heap just absorbed, say) it
  * gives back all it can, as hak_heap_purge(all) does, rather than scan on. */
 #define HAK_PURGE_AGES_MAX 16
-static void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count) {
+static HAK_NOINLINE void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, size_t count) {
   uint32_t age = UINT32_MAX; /* the units older than this number `older` */
   size_t older = 0;
   for (unsigned pass = 0;; pass++) {
