@@ -568,7 +568,6 @@ void hak_thread_heap_done(hak_heap_t* heap) {
     pthread_mutex_unlock(&heaps_lock);
   }
   hak_tls_heap = &hak_heap_dead;
-  __atomic_store_n(&heap->kind, HAK_HEAP_EMPTY, __ATOMIC_RELAXED);
   heap->heir_of = NULL;
   heap->tid = 0; /* a later thread may get this thread's id */
   hak_segments_set_owner(heap);
@@ -577,6 +576,11 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
   heap->pool_next = *pool;
   __atomic_store_n(pool, heap, __ATOMIC_RELAXED); /* read unlocked in hak_heap_absorb_abandoned */
+  /* Ended only now that it is in the pool: an heir waiting for this (in
+   * heap_free_first) then finds it there once it has the lock.  (Marked
+   * before, an heir came between and made a heap of its own: larson's
+   * chain held two heaps' memory at once in one run in six.) */
+  __atomic_store_n(&heap->kind, HAK_HEAP_EMPTY, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&heaps_lock);
 }
 
