@@ -89,7 +89,7 @@ void hak_heap_check(hak_heap_t* heap) {
   CHECK(dirty == heap->dirty_units, "dirty unit count");
   CHECK(count == heap->segment_count, "segment count");
   for (unsigned i = 0; i < HAK_LARGE_RUNS; i++)
-    CHECK(heap->large_runs[i] == 0 || hak_segment_heap((hak_segment_t*)(heap->large_runs[i] & ~(uintptr_t)HAK_SEG_MASK)) == heap,
+    CHECK(heap->large_runs[i] == 0 || hak_segment_heap(hak_segment_of((void*)heap->large_runs[i])) == heap,
           "a large run of a segment the heap does not hold");
 }
 

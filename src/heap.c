@@ -514,13 +514,14 @@ hak_heap_t* hak_thread_heap_init(void) { return thread_heap_init(NULL); }
  * exiting thread's own pages are not trimmed: the next thread adopts them). */
 static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
   hak_remote_collect(heap);
+  uint32_t now = hak_now_ms();
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     hak_heap_use_page(heap, c, &hak_page_empty); /* lets the current page retire too */
     for (hak_page_t *page = heap->queue[c].first, *next; page != NULL; page = next) {
       next = page->next;
       if (page->used == 0) {
         hak_queue_remove(&heap->queue[c], page);
-        hak_page_retire(heap, page, hak_now_ms());
+        hak_page_retire(heap, page, now);
       } else if (pages) {
         hak_page_trim(page);
       }

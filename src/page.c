@@ -152,7 +152,7 @@ static hak_segment_t* large_run_again(hak_heap_t* heap, unsigned n, int* idx) {
   for (unsigned i = 1; i <= HAK_LARGE_RUNS; i++) {
     uintptr_t* run = &heap->large_runs[(heap->large_run_next - i) % HAK_LARGE_RUNS];
     if ((*run & LARGE_RUN_UNITS) != n) continue;
-    hak_segment_t* seg = (hak_segment_t*)(*run & ~(uintptr_t)HAK_SEG_MASK);
+    hak_segment_t* seg = hak_segment_of((void*)*run);
     unsigned at = (unsigned)(*run >> 5) & 31;
     *run = 0;
     uint32_t mask = hak_unit_mask(at, n);
@@ -173,7 +173,7 @@ static void large_run_note(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, u
 /* Forgets the runs of a segment leaving the heap. */
 static void large_runs_forget(hak_heap_t* heap, const hak_segment_t* seg) {
   for (unsigned i = 0; i < HAK_LARGE_RUNS; i++)
-    if ((heap->large_runs[i] & ~(uintptr_t)HAK_SEG_MASK) == (uintptr_t)seg) heap->large_runs[i] = 0;
+    if (hak_segment_of((void*)heap->large_runs[i]) == seg) heap->large_runs[i] = 0;
 }
 
 /* Units given back to one of the heap's segments (or a segment joining it). */

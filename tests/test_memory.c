@@ -221,7 +221,7 @@ static void* large_runs_thread(void* arg) {
   CHECK(heap->segment_count == segments);
   free_all(p, N);
   for (unsigned i = 0; i < HAK_LARGE_RUNS; i++)
-    CHECK(heap->large_runs[i] == 0 || hak_segment_heap((hak_segment_t*)(heap->large_runs[i] & ~(uintptr_t)HAK_SEG_MASK)) == heap);
+    CHECK(heap->large_runs[i] == 0 || hak_segment_heap(hak_segment_of((void*)heap->large_runs[i])) == heap);
   return NULL;
 }
 
