@@ -826,8 +826,9 @@ void hak_segments_usage(hak_usage_t* usage);
 hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size);
 hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size);
 void hak_page_extend(hak_page_t* page);
-/* An empty page gives its units back (the caller then checks the purge). */
-void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t now_ms);
+/* An empty page gives its units back, as free units backed since freed_ms
+ * (the caller then checks the purge). */
+void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms);
 void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms);
 void hak_page_trim(hak_page_t* page);
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size);

@@ -333,7 +333,7 @@ bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
 
 /* An empty page gives its units back to its segment, as free units backed
  * since freed_ms; an empty segment goes back to the segment cache. */
-static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
+void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
   hak_assert(page->used == 0);
   hak_segment_t* seg = hak_segment_of(page);
   unsigned idx = page->index, n = page->units;
@@ -362,8 +362,6 @@ static void page_release(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) 
     if (large) large_run_note(heap, seg, idx, n);
   }
 }
-
-void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t now_ms) { page_release(heap, page, now_ms); }
 
 /* When a kept empty page became empty (hak_heap_page_empty notes it in the
  * segment's unit_freed_ms of its first unit, which is not a free unit). */
@@ -398,8 +396,9 @@ static HAK_NOINLINE void heap_look_at_caches(hak_heap_t* heap, uint32_t now_ms) 
 /* The purge check of the page-level events (a page retired, made or
  * emptied): the empty pages and free units that have waited the delay, and
  * the oldest free units beyond the bound (HAK_DIRTY_UNITS_MAX, or half the
- * units of the heap's segments for a big heap: the delay is only checked on these
- * events, so this bounds what a thread that stops making pages keeps backed;
+ * units of the heap's segments for a big heap: the delay is only checked on
+ * these events, so this bounds what a thread that stops making pages keeps
+ * backed;
  * purging only the excess spares a program whose free units hover about the
  * bound a fault on each of them every time they cross it). */
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
@@ -476,7 +475,7 @@ void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
       break;
     }
     hak_heap_empty_remove(heap, page);
-    page_release(heap, page, emptied);
+    hak_page_retire(heap, page, emptied);
   }
   heap_purge_units(heap, now_ms, all, now_ms - (uint32_t)delay, SIZE_MAX, &due);
   heap->purge_due_ms = due;
