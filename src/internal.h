@@ -380,8 +380,13 @@ enum {
  * surround huge blocks.  The release build compiles all of it away. */
 #if HAK_SECURE
 #define HAK_CANARY_SIZE 8 /* the last word of every block of a page */
-/* Blocks carved (and shuffled) at a time: at least a page's worth or MIN. */
+/* Blocks carved (and shuffled) at a time: at least an OS page's worth, and
+ * at least MIN, or for blocks above 1 KiB as many as CARVE_BYTES holds, at
+ * least FEW: carving writes a block's first and last words, so that many
+ * big blocks carved ahead of use would be memory committed for nothing. */
 #define HAK_SECURE_CARVE_MIN 16
+#define HAK_SECURE_CARVE_FEW 4
+#define HAK_SECURE_CARVE_BYTES 16384
 #define HAK_SECURE_CARVE_MAX 256
 /* Drawn at start (hak_secure_init): the link key, the freed tag's (over the
  * canary's), the canary's. */

@@ -33,7 +33,10 @@ void hak_page_extend(hak_page_t* page) {
   uint32_t n = (uint32_t)((boundary - (uintptr_t)first + bs - 1) / bs);
 #if HAK_SECURE
   /* Enough blocks that their order is hard to guess. */
-  if (n < HAK_SECURE_CARVE_MIN) n = HAK_SECURE_CARVE_MIN;
+  uint32_t least = bs * HAK_SECURE_CARVE_MIN <= HAK_SECURE_CARVE_BYTES ? HAK_SECURE_CARVE_MIN
+                   : bs * HAK_SECURE_CARVE_FEW >= HAK_SECURE_CARVE_BYTES ? HAK_SECURE_CARVE_FEW
+                   : HAK_SECURE_CARVE_BYTES / bs;
+  if (n < least) n = least;
   if (n > HAK_SECURE_CARVE_MAX) n = HAK_SECURE_CARVE_MAX;
 #endif
   uint32_t left = (uint32_t)(page->reserved - page->capacity);
