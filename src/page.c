@@ -33,9 +33,9 @@ void hak_page_extend(hak_page_t* page) {
   uint32_t n = (uint32_t)((boundary - (uintptr_t)first + bs - 1) / bs);
 #if HAK_SECURE
   /* Enough blocks that their order is hard to guess. */
-  uint32_t least = bs * HAK_SECURE_CARVE_MIN <= HAK_SECURE_CARVE_BYTES ? HAK_SECURE_CARVE_MIN
-                   : bs * HAK_SECURE_CARVE_FEW >= HAK_SECURE_CARVE_BYTES ? HAK_SECURE_CARVE_FEW
-                   : HAK_SECURE_CARVE_BYTES / bs;
+  uint32_t least = HAK_SECURE_CARVE_BYTES / bs;
+  if (least > HAK_SECURE_CARVE_MIN) least = HAK_SECURE_CARVE_MIN;
+  if (least < HAK_SECURE_CARVE_FEW) least = HAK_SECURE_CARVE_FEW;
   if (n < least) n = least;
   if (n > HAK_SECURE_CARVE_MAX) n = HAK_SECURE_CARVE_MAX;
 #endif

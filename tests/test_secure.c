@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "order-8k") == 0) {
-    print_order(8192, 32);
+    print_order(8192, 64);
     return 0;
   }
   check_reported("double-free-small", double_free_small, "double free of");
@@ -400,7 +400,7 @@ int main(int argc, char** argv) {
   check_guards_without_markers();
   check_address_named();
   check_random_order("order", 64, 16);
-  check_random_order("order-8k", 32, 20);
+  check_random_order("order-8k", 64, 48);
   check_links_encoded();
   check_ordinary_use();
   return hak_test_result("test_secure");
