@@ -93,6 +93,7 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from);
 /* The first free block of page, the class's current page. */
 HAK_INLINE void* heap_pop(hak_heap_t* heap, hak_page_t* page) {
   hak_block_t* b = page->free;
+  hak_free_entry_check(page, b);
   page->free = hak_block_next(b);
   page->used++;
   hak_block_out(page, b); /* (its canary stands, as on the fast path) */

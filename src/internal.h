@@ -388,9 +388,11 @@ enum {
 #define HAK_SECURE_CARVE_FEW 4
 #define HAK_SECURE_CARVE_BYTES 16384
 #define HAK_SECURE_CARVE_MAX 256
-/* Drawn at start (hak_secure_init): the link key, the freed tag's (over the
- * canary's), the canary's. */
-extern uintptr_t hak_secret[3];
+/* Drawn at start (hak_secure_init): the key of free-list links, the canary
+ * (one word for every block), and the key that turns the canary into the
+ * freed tag.  (Hidden, so that each is read straight from its address, not
+ * through the GOT.) */
+extern __attribute__((visibility("hidden"))) uintptr_t hak_link_key, hak_canary, hak_freed_key;
 HAK_COLD __attribute__((noreturn)) void hak_bad_link(const void* at);
 #else
 #define HAK_CANARY_SIZE 0
@@ -439,7 +441,7 @@ size_t hak_usable(const void* p);
 HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
   HAK_VG_LINK_OPEN(b);
 #if HAK_SECURE
-  b->link = __builtin_bswap64((uintptr_t)next ^ (uintptr_t)b) ^ hak_secret[0];
+  b->link = __builtin_bswap64((uintptr_t)next ^ (uintptr_t)b) ^ hak_link_key;
 #else
   b->link = (uintptr_t)next;
 #endif
@@ -449,20 +451,17 @@ HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
 #if HAK_SECURE
 /* The link's distance: next ^ b (b itself at the end of a list). */
 HAK_INLINE uintptr_t hak_link_delta(const hak_block_t* b) {
-  return __builtin_bswap64(b->link ^ hak_secret[0]);
+  return __builtin_bswap64(b->link ^ hak_link_key);
 }
 #endif
 
-/* The next block of a page's free list (all in one segment). */
+/* The next block of a page's free list (all in one segment), as its link
+ * says: the secure build checks each block a page's list names when it is
+ * taken or visited (hak_free_entry_check), not the link when it is read, so
+ * that malloc's pop has no branch waiting on that load. */
 HAK_INLINE hak_block_t* hak_block_next(const hak_block_t* b) {
 #if HAK_SECURE
-  /* b is 16-byte aligned, so one mask of next ^ b tests both that next is in
-   * b's segment and that it is aligned; the end of the list (next == 0)
-   * fails that test and is let through second, which keeps the usual case
-   * to one branch. */
-  uintptr_t delta = hak_link_delta(b);
-  if (unlikely((delta & (~(uintptr_t)HAK_SEG_MASK | 15)) != 0) && delta != (uintptr_t)b) hak_bad_link(b);
-  return (hak_block_t*)(delta ^ (uintptr_t)b);
+  return (hak_block_t*)(hak_link_delta(b) ^ (uintptr_t)b);
 #elif HAK_VALGRIND
   HAK_VG_LINK_OPEN(b);
   uintptr_t next = b->link;
@@ -625,6 +624,18 @@ HAK_INLINE bool hak_is_class_block_start(const hak_page_t* page, const void* p) 
   return (uint64_t)off * magic < magic;
 }
 
+/* Secure build: b, named by page's free list (its head, or a link), must be
+ * a 16-byte aligned address of the page's segment (one mask of b ^ page
+ * tests both: the page's descriptor is in the segment's header), else a
+ * freed block was written to.  Checked before b is read or handed out. */
+#if HAK_SECURE
+HAK_INLINE void hak_free_entry_check(const hak_page_t* page, const hak_block_t* b) {
+  if (unlikely((((uintptr_t)b ^ (uintptr_t)page) & (~(uintptr_t)HAK_SEG_MASK | 15)) != 0)) hak_bad_link(b);
+}
+#else
+#define hak_free_entry_check(page, b) ((void)0)
+#endif
+
 /* The start of the block holding p (p may point inside an aligned block). */
 HAK_INLINE hak_block_t* hak_block_start(const hak_page_t* page, const void* p) {
   size_t off = (size_t)((const uint8_t*)p - hak_page_start(page));
@@ -650,8 +661,8 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
  * there, is an encoded link, which decodes to a block of the same segment
  * or ends the list; malloc clears it when it hands the block out.  (A
  * program cannot write such a word but by chance, 1 in 2^47, or by copying
- * one out of a freed block.)  Its last word is its canary, the block's
- * address under a secret, laid when the block is carved (and when a large
+ * one out of a freed block.)  Its last word is its canary, a secret
+ * word drawn at start, laid when the block is carved (and when a large
  * block is handed out: its end moves with its page), and checked, not
  * rewritten, by every free: malloc thus touches only the block's first
  * line.  A block freed to another thread's heap
@@ -661,11 +672,8 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
   return (uintptr_t*)((uint8_t*)b + page->block_size - HAK_CANARY_SIZE);
 }
-HAK_INLINE uintptr_t hak_canary_word(const void* b) { return (uintptr_t)b ^ hak_secret[2]; }
-HAK_INLINE uintptr_t hak_freed_word(const void* b) { return hak_canary_word(b) ^ hak_secret[1]; }
-HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) {
-  *hak_canary_at(page, b) = hak_canary_word(b);
-}
+HAK_INLINE uintptr_t hak_freed_word(void) { return hak_canary ^ hak_freed_key; }
+HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) { *hak_canary_at(page, b) = hak_canary; }
 /* Whether b's first word is a link of a page's free list: a block of its
  * segment (tested as in hak_block_next) or the end. */
 HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
@@ -686,11 +694,10 @@ HAK_COLD __attribute__((noreturn)) void hak_bad_free(const hak_page_t* page, con
  * canary intact (else it was freed to another thread, or written past its
  * end).  (One report call for both: the fast path then needs no frame.) */
 HAK_INLINE void hak_block_in(const hak_page_t* page, hak_block_t* b) {
-  if (unlikely(hak_block_linked(b)) || unlikely(*hak_canary_at(page, b) != hak_canary_word(b)))
-    hak_bad_free(page, b);
+  if (unlikely(hak_block_linked(b)) || unlikely(*hak_canary_at(page, b) != hak_canary)) hak_bad_free(page, b);
 }
 /* Freed to another thread's heap: tagged, until collected. */
-#define hak_block_tag(page, b) ((void)(*hak_canary_at(page, b) = hak_freed_word(b)))
+#define hak_block_tag(page, b) ((void)(*hak_canary_at(page, b) = hak_freed_word()))
 #define hak_block_collected(page, b) hak_canary_set(page, b)
 #else
 #define hak_canary_set(page, b) ((void)0)
@@ -738,6 +745,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
   }
   hak_block_t* b = page->free;
   if (likely(b != NULL && HAK_PROF_COUNTDOWN(heap, need))) {
+    hak_free_entry_check(page, b);
     page->free = hak_block_next(b);
     page->used++;
     hak_block_out(page, b);

@@ -293,7 +293,11 @@ void hak_page_trim(hak_page_t* page) {
   uint32_t cap = page->capacity, bs = page->block_size;
   if (cap > sizeof is_free * 8) return;
   for (hak_block_t* b = page->free; b != NULL; b = hak_block_next(b)) {
+    hak_free_entry_check(page, b);
     uint32_t i = (uint32_t)((size_t)((uint8_t*)b - hak_page_start(page)) / bs);
+#if HAK_SECURE
+    if (i >= cap) hak_bad_link(b); /* of the segment, not of this page */
+#endif
     is_free[i / 64] |= (uint64_t)1 << (i % 64);
   }
   uint32_t top = cap; /* one past the highest block in use */

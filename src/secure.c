@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-uintptr_t hak_secret[3];
+uintptr_t hak_link_key, hak_canary, hak_freed_key;
 
 static uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
@@ -38,13 +38,17 @@ void hak_secure_init(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   uint64_t salt = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uintptr_t)&ts;
+  uintptr_t secret[3];
   for (int i = 0; i < 3; i++) {
     uint64_t k = mix64(seed[i] ^ mix64(salt + (uint64_t)i));
     /* Odd, so not zero: a zero key would store links in the clear, and the
      * link key's low byte not zero makes a cleared first word (a block just
      * handed out) decode to no link (hak_block_linked). */
-    hak_secret[i] = (uintptr_t)(k | 1u) ^ ((uintptr_t)i << 1);
+    secret[i] = (uintptr_t)(k | 1u) ^ ((uintptr_t)i << 1);
   }
+  hak_link_key = secret[0];
+  hak_freed_key = secret[1];
+  hak_canary = secret[2];
 }
 
 /* A thread's own random stream, seeded from the secrets: a Weyl sequence
@@ -66,7 +70,7 @@ static inline uint64_t rng_mix(uint64_t s) {
 hak_block_t* hak_secure_carve(uint8_t* first, uint32_t bs, uint32_t n, hak_block_t* tail) {
   uint16_t order[HAK_SECURE_CARVE_MAX];
   uint64_t s = rng_state;
-  if (unlikely(s == 0)) s = mix64(hak_secret[0] ^ hak_thread_id()) | 1;
+  if (unlikely(s == 0)) s = mix64(hak_link_key ^ hak_thread_id()) | 1;
   order[0] = 0;
   uint64_t r = 0;
   for (uint32_t i = 1; i < n; i++) {
@@ -81,14 +85,14 @@ hak_block_t* hak_secure_carve(uint8_t* first, uint32_t bs, uint32_t n, hak_block
     order[j] = (uint16_t)i;
   }
   rng_state = s;
-  /* (hak_block_set_next and hak_canary_word, the secrets read once: the
+  /* (hak_block_set_next and hak_canary_set, the secrets read once: the
    * compiler cannot tell that the stores leave them alone.) */
-  const uintptr_t link_key = hak_secret[0], canary_key = hak_secret[2];
+  const uintptr_t link_key = hak_link_key, canary = hak_canary;
   uintptr_t list = (uintptr_t)tail;
   for (uint32_t i = 0; i < n; i++) {
     uint8_t* b = first + (size_t)order[i] * bs;
     ((hak_block_t*)b)->link = __builtin_bswap64(list ^ (uintptr_t)b) ^ link_key;
-    *(uintptr_t*)(b + bs - HAK_CANARY_SIZE) = (uintptr_t)b ^ canary_key;
+    *(uintptr_t*)(b + bs - HAK_CANARY_SIZE) = canary;
     list = (uintptr_t)b;
   }
   return (hak_block_t*)list;
@@ -102,7 +106,7 @@ void hak_bad_link(const void* at) {
  * its canary: the freed tag of a block on another heap's list, else a write
  * past its end. */
 void hak_bad_free(const hak_page_t* page, const void* b) {
-  if (hak_block_linked(b) || *hak_canary_at(page, b) == hak_freed_word(b)) hak_double_free(page, b);
+  if (hak_block_linked(b) || *hak_canary_at(page, b) == hak_freed_word()) hak_double_free(page, b);
   hak_fatal_class("write past the end of the block", b, page->cls == HAK_CLASS_LARGE ? -1 : (int)page->cls);
 }
 
