@@ -25,7 +25,7 @@ static void check_page(hak_heap_t* heap, const hak_page_t* page) {
     CHECK(page->div_magic == hak_div_magic(page->block_size), "div_magic");
     if (page->capacity <= 4096) {
       uint32_t n = 0;
-      for (const hak_block_t* b = page->free; b != NULL && n <= page->capacity; b = hak_block_next(b)) {
+      for (const hak_block_t* b = page->free; b != hak_list_end(page) && n <= page->capacity; b = hak_block_next(b)) {
         hak_free_entry_check(page, b);
         CHECK((const uint8_t*)b >= hak_page_start(page) &&
                   (const uint8_t*)b < hak_page_start(page) + (size_t)page->capacity * page->block_size,

@@ -11,7 +11,7 @@
 
 #include "internal.h"
 
-hak_page_t hak_page_empty;
+hak_page_t hak_page_empty = {.free = hak_list_end(&hak_page_empty)};
 
 hak_heap_t hak_heap_empty = {.direct = {[0 ... HAK_DIRECT_SLOTS - 1] = &hak_page_empty},
                              .current = {[0 ... HAK_CLASSES - 1] = &hak_page_empty},
@@ -106,7 +106,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
   hak_page_queue_t* q = &heap->queue[cls];
   hak_page_t* page = q->first;
-  if (page != NULL && page->free == NULL && page->capacity == page->reserved && page->next != NULL) {
+  if (page != NULL && page->free == hak_list_end(page) && page->capacity == page->reserved && page->next != NULL) {
     /* The current page ran out and others follow: it goes to the back as it
      * is, so that its frees stay on the fast path until the queue comes round
      * to it again; only a page found without a free block then leaves it. */
@@ -120,7 +120,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
    * 8192 slots: about 200 KiB less; docs/BENCHMARKS.md).  The page looked
    * at is always the first of the queue. */
   hak_page_t* carve = NULL;
-  while (page != NULL && page->free == NULL) {
+  while (page != NULL && page->free == hak_list_end(page)) {
     if (page->capacity < page->reserved) {
       if (page == carve || page->next == NULL) {
         hak_page_extend(page);
@@ -172,7 +172,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size, bool home) {
   hak_stat_add(heap->stats.refills[HAK_CLASSES], 1);
   HAK_OBSERVE_ADD(heap->stats.alloc_refill[HAK_CLASSES]);
   hak_block_t* b = page->free;
-  page->free = NULL;
+  page->free = hak_list_end(page);
   page->used = 1;
   if (home && page->units == 1) {
     page->home = 1;
@@ -225,7 +225,7 @@ void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
    * block, and no remote frees: that next page becomes current at once, the
    * old one going to the back (heap_alloc_class's first step; one not fully
    * carved carves only when no page has a free block). */
-  if (likely(next != NULL && next->free != NULL && !hak_remote_pending(heap))) {
+  if (likely(next != NULL && next->free != hak_list_end(next) && !hak_remote_pending(heap))) {
     /* (What the fast path's table said; the sentinel is in no queue.) */
     if (heap->current[cls] != page || heap->queue[cls].first != page || next == &hak_page_empty)
       __builtin_unreachable();

@@ -126,6 +126,15 @@ typedef struct hak_block_s {
   uintptr_t link;
 } hak_block_t;
 
+/* The end of a page's free list: NULL, or in the secure build the page's
+ * own descriptor, an address of the segment like every link before it, so
+ * that one mask tells a free block's first word (hak_block_linked). */
+#if HAK_SECURE
+#define hak_list_end(page) ((hak_block_t*)(page))
+#else
+#define hak_list_end(page) ((hak_block_t*)NULL)
+#endif
+
 typedef struct hak_heap_s hak_heap_t;
 typedef struct hak_segment_s hak_segment_t;
 typedef struct hak_usage_s hak_usage_t;
@@ -659,7 +668,8 @@ HAK_INLINE hak_block_t* hak_block_next_remote(const hak_block_t* b) {
 #if HAK_SECURE
 /* A block's two marks.  Its first word tells a free block: there, and only
  * there, is an encoded link, which decodes to a block of the same segment
- * or ends the list; malloc clears it when it hands the block out.  (A
+ * or to the page's descriptor that ends the list (hak_list_end); malloc
+ * clears it when it hands the block out.  (A
  * program cannot write such a word but by chance, 1 in 2^47, or by copying
  * one out of a freed block.)  Its last word is its canary, a secret
  * word drawn at start, laid when the block is carved (and when a large
@@ -674,11 +684,11 @@ HAK_INLINE uintptr_t* hak_canary_at(const hak_page_t* page, const void* b) {
 }
 HAK_INLINE uintptr_t hak_freed_word(void) { return hak_canary ^ hak_freed_key; }
 HAK_INLINE void hak_canary_set(const hak_page_t* page, void* b) { *hak_canary_at(page, b) = hak_canary; }
-/* Whether b's first word is a link of a page's free list: a block of its
- * segment (tested as in hak_block_next) or the end. */
+/* Whether b's first word is a link of a page's free list: one to a 16-byte
+ * aligned address of b's segment (a block, or the page that ends the list).
+ * (The mask is taken before the link's bytes are swapped back.) */
 HAK_INLINE bool hak_block_linked(const hak_block_t* b) {
-  uintptr_t delta = hak_link_delta(b);
-  return (delta & (~(uintptr_t)HAK_SEG_MASK | 15)) == 0 || delta == (uintptr_t)b;
+  return ((b->link ^ hak_link_key) & __builtin_bswap64(~(uintptr_t)HAK_SEG_MASK | 15)) == 0;
 }
 /* Handed out from a page's free list (its canary stands since it was
  * carved or last checked), and as a large block (whose end moves with its
@@ -744,7 +754,7 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
     return hak_alloc_slow(heap, size);
   }
   hak_block_t* b = page->free;
-  if (likely(b != NULL && HAK_PROF_COUNTDOWN(heap, need))) {
+  if (likely(b != hak_list_end(page) && HAK_PROF_COUNTDOWN(heap, need))) {
     hak_free_entry_check(page, b);
     page->free = hak_block_next(b);
     page->used++;

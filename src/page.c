@@ -81,12 +81,12 @@ static void page_format(hak_page_t* page, unsigned cls) {
     page->block_size = (uint32_t)(end - start);
     page->reserved = page->capacity = 1;
     page->free = (hak_block_t*)start;
-    hak_block_set_next(page->free, NULL);
+    hak_block_set_next(page->free, hak_list_end(page));
   } else {
     page->block_size = hak_class_size[cls];
     page->reserved = (uint32_t)((size_t)(end - start) / page->block_size);
     page->capacity = 0;
-    page->free = NULL;
+    page->free = hak_list_end(page);
     hak_page_extend(page);
   }
   page->div_magic = hak_div_magic(page->block_size);
@@ -288,11 +288,11 @@ hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size) {
  * use thus gather at the start of their pages as threads come and go, instead
  * of each page keeping the most it ever held. */
 void hak_page_trim(hak_page_t* page) {
-  if (page->cls == HAK_CLASS_LARGE || page->free == NULL || page->used == 0) return;
+  if (page->cls == HAK_CLASS_LARGE || page->free == hak_list_end(page) || page->used == 0) return;
   uint64_t is_free[HAK_UNIT_SIZE / 16 / 64] = {0}; /* the most blocks a page holds */
   uint32_t cap = page->capacity, bs = page->block_size;
   if (cap > sizeof is_free * 8) return;
-  for (hak_block_t* b = page->free; b != NULL; b = hak_block_next(b)) {
+  for (hak_block_t* b = page->free; b != hak_list_end(page); b = hak_block_next(b)) {
     hak_free_entry_check(page, b);
     uint32_t i = (uint32_t)((size_t)((uint8_t*)b - hak_page_start(page)) / bs);
 #if HAK_SECURE
@@ -308,7 +308,7 @@ void hak_page_trim(hak_page_t* page) {
     cap = top;
     hak_os_purge((void*)from, to - from); /* committed stays counted by whole units */
   }
-  hak_block_t* list = NULL;
+  hak_block_t* list = hak_list_end(page);
   for (uint32_t i = cap; i-- > 0;) {
     if (is_free[i / 64] >> (i % 64) & 1) {
       hak_block_t* b = (hak_block_t*)(hak_page_start(page) + (size_t)i * bs);
