@@ -293,26 +293,37 @@ static size_t arena_budget(void) {
   return room < ARENA_DIRTY_MAX ? room : ARENA_DIRTY_MAX;
 }
 
+/* The dirty granules freed longest ago, [*at, *end) of the chunk returned
+ * (a run of those freed together); NULL if none is dirty. */
+static arena_chunk_t* arena_oldest_dirty(unsigned* at, unsigned* end) {
+  arena_chunk_t* oldest = NULL;
+  unsigned first = 0;
+  for (unsigned c = 0; c < arena_slots; c++) {
+    arena_chunk_t* ch = &hak_arena[c];
+    if (ch->base == NULL) continue;
+    for (unsigned g = 0; g < ARENA_GRANULES; g++)
+      if (bit_get(ch->dirty, g) && (oldest == NULL || (int32_t)(ch->freed_ms[g] - oldest->freed_ms[first]) < 0)) {
+        oldest = ch;
+        first = g;
+      }
+  }
+  if (oldest == NULL) return NULL;
+  unsigned last = first;
+  while (last < ARENA_GRANULES && bit_get(oldest->dirty, last) && oldest->freed_ms[last] == oldest->freed_ms[first]) last++;
+  *at = first;
+  *end = last;
+  return oldest;
+}
+
 /* Beyond the dirty budget: purges the granules freed longest ago, a run of
  * those freed together at a time (its high end first, no more than the
  * excess). */
 static void arena_purge_over_budget(void) {
   size_t budget = arena_budget();
   while (arena_dirty > budget) {
-    arena_chunk_t* oldest = NULL;
-    unsigned at = 0;
-    for (unsigned c = 0; c < arena_slots; c++) {
-      arena_chunk_t* ch = &hak_arena[c];
-      if (ch->base == NULL) continue;
-      for (unsigned g = 0; g < ARENA_GRANULES; g++)
-        if (bit_get(ch->dirty, g) && (oldest == NULL || (int32_t)(ch->freed_ms[g] - oldest->freed_ms[at]) < 0)) {
-          oldest = ch;
-          at = g;
-        }
-    }
+    unsigned at, end;
+    arena_chunk_t* oldest = arena_oldest_dirty(&at, &end);
     if (oldest == NULL) break;
-    unsigned end = at;
-    while (end < ARENA_GRANULES && bit_get(oldest->dirty, end) && oldest->freed_ms[end] == oldest->freed_ms[at]) end++;
     size_t excess = (arena_dirty - budget + ARENA_GRANULE - 1) / ARENA_GRANULE;
     unsigned n = end - at < excess ? end - at : (unsigned)excess;
     arena_purge_run(oldest, end - n, n);
@@ -381,6 +392,32 @@ static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* sta
     }
   }
   return found;
+}
+
+/* Release build: while the dirty granules are over the budget (they would
+ * be purged), the backed pages of the oldest move into the granules of a
+ * block just taken at g (n granules, `backed` the mask of those that have
+ * pages), one mremap each, instead of being purged while the block's own
+ * granules fault in: the same memory given back, without 512 faults a
+ * granule.  Returns the mask of the block's granules backed now.  (Not for
+ * a block that must read as zero; the secure build's granules hold guard
+ * markers, which would move with the pages.) */
+static uint64_t arena_fill(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t backed) {
+  if (HAK_SECURE) return backed;
+  size_t budget = arena_budget();
+  for (unsigned i = 0; i < n && arena_dirty > budget; i++) {
+    if (backed >> i & 1) continue;
+    unsigned at, end;
+    arena_chunk_t* from = arena_oldest_dirty(&at, &end);
+    if (from == NULL ||
+        !hak_os_move_pages(from->base + (size_t)(end - 1) * ARENA_GRANULE, ch->base + (size_t)(g + i) * ARENA_GRANULE,
+                           ARENA_GRANULE))
+      break;
+    bits_put(from->dirty, end - 1, 1, false);
+    arena_dirty_sub(ARENA_GRANULE);
+    backed |= (uint64_t)1 << i;
+  }
+  return backed;
 }
 
 /* Takes n free granules from g; returns the mask of those that were dirty
@@ -628,6 +665,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   uint64_t unzeroed;
   uint64_t dirty = arena_take(ch, g, n, &unzeroed);
   int32_t delay = HAK_POLICY(purge_delay_ms);
+  if (delay > 0 && !zero) dirty = arena_fill(ch, g, n, dirty | unzeroed);
   if (delay > 0) {
     arena_purge_over_budget();
     uint32_t now = hak_now_ms();

@@ -815,6 +815,7 @@ bool hak_os_purge(void* p, size_t size); /* true: the range reads as zero now */
 void hak_os_thp(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 bool hak_os_guard(void* p, size_t size);
+bool hak_os_move_pages(void* from, void* to, size_t size);
 bool hak_os_unguard(void* p, size_t size);
 bool hak_os_guard_marks(void);
 bool hak_os_guard_mark(void* p, size_t size);

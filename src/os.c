@@ -142,6 +142,27 @@ void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed) {
   return p;
 }
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4 /* Linux 5.7; for private anonymous memory, 5.13 */
+#endif
+
+/* Moves the pages of [from, from + size) onto to, whose own pages they
+ * replace, and leaves from mapped and empty (reading as zero): the kernel
+ * moves page-table entries; nothing is copied or faulted in.  False if it
+ * cannot (a kernel without MREMAP_DONTUNMAP for this memory, remembered; or
+ * the process's limit of mappings: the destination becomes a mapping of its
+ * own). */
+bool hak_os_move_pages(void* from, void* to, size_t size) {
+  static _Atomic bool unsupported;
+  if (atomic_load_explicit(&unsupported, memory_order_relaxed)) return false;
+  int saved = errno;
+  void* p = mremap(from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
+  if (p == MAP_FAILED && errno == EINVAL) atomic_store_explicit(&unsupported, true, memory_order_relaxed);
+  errno = saved;
+  hak_count(mremap_calls, 1);
+  return p != MAP_FAILED;
+}
+
 /* A coarse monotonic clock in milliseconds (vDSO: no system call); it wraps
  * after 49 days, so compare with a signed difference. */
 uint32_t hak_now_ms(void) {

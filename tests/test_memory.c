@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -369,6 +370,58 @@ static void test_huge_dirty_window(void) {
   CHECK(live_intact());
 }
 
+/* Whether the kernel moves private anonymous pages with MREMAP_DONTUNMAP
+ * (Linux 5.13). */
+static bool kernel_moves_pages(void) {
+  struct utsname u;
+  int major = 0, minor = 0;
+  if (uname(&u) != 0 || sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 5 || (major == 5 && minor >= 13);
+}
+
+/* Release build: granules over the dirty budget give their pages to a new
+ * block's granules that have none (moved, not purged, not faulted in): the
+ * block holds what it is written, the blocks beside it are untouched, and
+ * a granule the pages left reads as zero (a calloc over it must not see
+ * what was there). */
+static void test_huge_moved_pages(void) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  const size_t two = 4 * MIB - 64 * 1024; /* 2 granules with the header */
+  malloc_trim(0);
+  char* a = malloc(two);
+  char* b = malloc(two);
+  char* c = malloc(two);
+  REQUIRE(a != NULL && b != NULL && c != NULL);
+  bool laid = b == a + 4 * MIB && c == b + 4 * MIB;
+  memset(a, 0x5a, two);
+  memset(b, 2, two);
+  memset(c, 3, two);
+  free(a); /* 4 dirty granules beside b's 2: within the peak of 6 */
+  free(c);
+  size_t moves = C(mremap_calls), purged = C(purged_bytes);
+  /* 6 granules from c's place: 2 of them dirty, 8 in use now, so the 2
+   * dirty granules a left are over the budget: moved into d. */
+  char* d = malloc(12 * MIB - 64 * 1024);
+  REQUIRE(d != NULL);
+  if (laid && d == c && delay > 0 && !HAK_SECURE && kernel_moves_pages()) {
+    CHECK(C(mremap_calls) - moves == 2);
+    CHECK(C(purged_bytes) == purged);
+  }
+  hak_pattern_fill(d, 12 * MIB - 64 * 1024, 31);
+  char* e = calloc(1, two); /* a's granules, most likely: the shortest free run */
+  REQUIRE(e != NULL);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < two; i += 512) nonzero += e[i] != 0;
+  CHECK(nonzero == 0);
+  if (laid && delay > 0) CHECK(e == a);
+  CHECK(hak_pattern_check(d, 12 * MIB - 64 * 1024, 31) == 12 * MIB - 64 * 1024);
+  CHECK((unsigned char)b[0] == 2 && (unsigned char)b[two - 1] == 2);
+  free(d);
+  free(e);
+  free(b);
+  CHECK(live_intact());
+}
+
 /* Freed granules are purged once they have waited the purge delay (at once
  * with 0, never with -1), by malloc_trim(0) in any case, and never while in
  * use: the block kept beside them keeps its contents. */
@@ -476,9 +529,10 @@ static void test_huge_realloc(void) {
 }
 
 /* Thousands of huge blocks of every size coming and going leave the kernel's
- * mappings as they were (a chunk more at most, and in the secure build the
- * guard pages its free run keeps, two mappings each): the arena never splits
- * its mappings for good. */
+ * mappings bounded: a chunk more at most; in the release build, pages moved
+ * between granules (arena_fill: a moved granule becomes a mapping of its own)
+ * at most one per granule of that chunk (128); in the secure build, which
+ * moves none, the guard pages its free run keeps, two mappings each. */
 static void test_huge_mappings(void) {
   enum { SLOTS = 8 };
   char* slot[SLOTS] = {0};
@@ -498,7 +552,7 @@ static void test_huge_mappings(void) {
     slot[k][0] = slot[k][size - 1] = 1;
   }
   for (unsigned k = 0; k < SLOTS; k++) free(slot[k]);
-  size_t after = kernel_mappings(), allowed = 2 + (HAK_SECURE ? 2 * (HAK_ARENA_GUARDS_KEPT + 2) : 0);
+  size_t after = kernel_mappings(), allowed = 2 + (HAK_SECURE ? 2 * (HAK_ARENA_GUARDS_KEPT + 2) : (256 * MIB) / (2 * MIB));
   if (after > before + allowed) fprintf(stderr, "kernel mappings: %zu before, %zu after\n", before, after);
   CHECK(after <= before + allowed);
   CHECK(live_intact());
@@ -757,6 +811,7 @@ int main(int argc, char** argv) {
   test_huge_reuse();
   test_huge_coalesce();
   test_huge_dirty_window();
+  test_huge_moved_pages();
   test_huge_purge();
   test_huge_realloc();
   test_huge_calloc_after_madv_free();
