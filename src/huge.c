@@ -394,16 +394,18 @@ static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* sta
   return found;
 }
 
-/* Release build: while the dirty granules are over the budget (they would
- * be purged), the backed pages of the oldest move into the granules of a
- * block just taken at g (n granules, `backed` the mask of those that have
- * pages), one mremap each, instead of being purged while the block's own
- * granules fault in: the same memory given back, without 512 faults a
- * granule.  Returns the mask of the block's granules backed now.  (Not for
- * a block that must read as zero; the secure build's granules hold guard
- * markers, which would move with the pages.) */
+/* While the dirty granules are over the budget (they would be purged), the
+ * backed pages of the oldest move into the granules of a block just taken
+ * at g (n granules, `backed` the mask of those that have pages), one mremap
+ * each, instead of being purged while the block's own granules fault in:
+ * the same memory given back, without 512 faults a granule.  Returns the
+ * mask of the block's granules backed now.  (Not for a block that must
+ * read as zero.)  In the secure build a granule's guard markers move with
+ * its pages (the destination's own go with its mapping), and so does the
+ * record of them, for the block's arena_guard_run to lift or keep; guards
+ * made with mprotect split the mapping, which mremap cannot move across. */
 static uint64_t arena_fill(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t backed) {
-  if (HAK_SECURE) return backed;
+  if (HAK_SECURE && !hak_os_guard_marks()) return backed;
   size_t budget = arena_budget();
   for (unsigned i = 0; i < n && arena_dirty > budget; i++) {
     if (backed >> i & 1) continue;
@@ -416,6 +418,12 @@ static uint64_t arena_fill(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t b
     bits_put(from->dirty, end - 1, 1, false);
     arena_dirty_sub(ARENA_GRANULE);
     backed |= (uint64_t)1 << i;
+#if HAK_SECURE
+    ch->guard_head[g + i] = from->guard_head[end - 1];
+    ch->guard_tail[g + i] = from->guard_tail[end - 1];
+    from->guard_head[end - 1] = 0;
+    from->guard_tail[end - 1] = 0;
+#endif
   }
   return backed;
 }
