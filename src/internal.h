@@ -458,7 +458,8 @@ HAK_INLINE void hak_block_set_next(hak_block_t* b, hak_block_t* next) {
 }
 
 #if HAK_SECURE
-/* The link's distance: next ^ b (b itself at the end of a list). */
+/* The link's distance: next ^ b (the page's descriptor ^ b at the end of a
+ * page's list, b itself at the end of a remote list). */
 HAK_INLINE uintptr_t hak_link_delta(const hak_block_t* b) {
   return __builtin_bswap64(b->link ^ hak_link_key);
 }
