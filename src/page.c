@@ -92,6 +92,26 @@ static void page_format(hak_page_t* page, unsigned cls) {
   page->div_magic = hak_div_magic(page->block_size);
 }
 
+/* A block of more than two OS pages may leave those between its first and
+ * last bytes untouched: a program that writes only the start and the end of
+ * its buffers has only the OS pages it wrote resident.  Memory still backed
+ * from another page holds the OS pages that page's blocks touched, and a
+ * page of such blocks laid over it would keep those resident beside its own:
+ * where pages change class over the same units, RSS would creep towards all
+ * of them (random 1-64 KiB blocks: peak RSS 11.4 MB after 1 s, 15.6 after
+ * 4 s; docs/BENCHMARKS.md).  So such a page first purges the backed units it
+ * takes (mask), unless nothing may be purged (a delay of -1).  Smaller
+ * blocks touch every OS page of their units anyway. */
+static void purge_for_layout(hak_segment_t* seg, uint32_t mask, unsigned cls) {
+  if (cls == HAK_CLASS_LARGE || hak_class_size[cls] <= 2 * HAK_OS_PAGE || HAK_POLICY(purge_delay_ms) < 0) return;
+  while (mask != 0) {
+    unsigned lo = (unsigned)__builtin_ctz(mask);
+    unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(mask >> lo)); /* <= 32 */
+    hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
+    mask &= ~hak_unit_mask(lo, len);
+  }
+}
+
 /* A page from the heap's empty pages: of the same class if there is one (it
  * is ready as it is), else of the same size (formatted anew).  Recently
  * emptied memory is still in the cache; reusing it first keeps the working
@@ -108,6 +128,8 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
   }
   if (same_size == NULL) return NULL;
   hak_heap_empty_remove(heap, same_size);
+  if (same_size->cls != cls)
+    purge_for_layout(hak_segment_of(same_size), hak_unit_mask(same_size->index, n), cls);
   if (same_size->cls != cls || cls == HAK_CLASS_LARGE) page_format(same_size, cls);
   return same_size;
 }
@@ -187,6 +209,7 @@ static void heap_note_room(hak_heap_t* heap, const hak_segment_t* seg) {
 /* A page of class cls (or one large block) on the n free units at idx of seg,
  * one of the heap's segments. */
 static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n, unsigned cls) {
+  purge_for_layout(seg, seg->dirty_units & hak_unit_mask(idx, n), cls);
   heap_take_units(heap, seg, idx, n);
   hak_page_t* page = &seg->pages[idx];
   page->units = (uint8_t)n;

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -245,6 +246,67 @@ static void test_empty_pages_age(void) {
     CHECK(empty_units_of(heap, cls) == 0);
     CHECK(C(purged_bytes) - purged0 >= HAK_UNIT_SIZE);
   }
+  CHECK(live_intact());
+}
+
+/* OS pages of [p, p + size) that are resident. */
+static size_t resident_pages(const void* p, size_t size) {
+  unsigned char vec[HAK_SEG_SIZE / HAK_OS_PAGE];
+  REQUIRE(size <= sizeof vec * HAK_OS_PAGE);
+  REQUIRE(mincore((void*)p, size, vec) == 0);
+  size_t n = 0;
+  for (size_t i = 0; i < size / HAK_OS_PAGE; i++) n += vec[i] & 1;
+  return n;
+}
+
+/* A page of blocks larger than two OS pages, laid over units still backed
+ * from another class's page, purges them first: the OS pages the old blocks
+ * touched are not kept resident beside those the new blocks touch. */
+static void test_layout_purge(void) {
+  hak_heap_t* heap = hak_tls_heap;
+  malloc_trim(0); /* no unit of the heap is backed but those below */
+  enum { N = 48 }; /* 16 KiB blocks in 4-unit pages of 16: 3 pages */
+  void* x[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE((x[i] = malloc(16 * 1024 - HAK_CANARY_SIZE)) != NULL);
+    memset(x[i], 7, 16 * 1024 - HAK_CANARY_SIZE); /* every OS page touched */
+  }
+  hak_segment_t* seg = hak_segment_of(x[0]);
+  uint32_t old_units = 0; /* of the pages emptied below in x[0]'s segment */
+  for (int i = 0; i < N; i++) {
+    const hak_page_t* page = hak_page_of(hak_segment_of(x[i]), x[i]);
+    if (hak_segment_of(x[i]) == seg && page != heap->current[page->cls]) old_units |= hak_unit_mask(page->index, page->units);
+  }
+  for (int i = 0; i < N; i++) free(x[i]);
+  hak_heap_flush_empty(heap); /* their units go back to the segment, backed (or purged, with a delay of 0) */
+  REQUIRE(old_units != 0);
+  if (HAK_POLICY(purge_delay_ms) > 0) CHECK((seg->dirty_units & old_units) == old_units);
+  /* 10 KiB blocks, in 3-unit pages: those made before (live_make's) first,
+   * then a new page, on the backed units (placement prefers them). */
+  size_t purged0 = C(purged_bytes);
+  enum { M = 64 };
+  void* y[M];
+  const hak_page_t* page = NULL;
+  int ny = 0;
+  while (ny < M) {
+    REQUIRE((y[ny] = malloc(10000)) != NULL);
+    page = hak_page_of(hak_segment_of(y[ny]), y[ny]);
+    ny++;
+    if (hak_segment_of(y[ny - 1]) == seg && (hak_unit_mask(page->index, page->units) & old_units) != 0) break;
+  }
+  REQUIRE(hak_class_units[page->cls] == 3);
+  CHECK((hak_unit_mask(page->index, page->units) & old_units) == hak_unit_mask(page->index, page->units));
+  if (HAK_POLICY(purge_delay_ms) > 0) CHECK(C(purged_bytes) - purged0 >= (size_t)page->units * HAK_UNIT_SIZE);
+  /* Resident now: the OS pages the new page's free list and its first
+   * block have touched, a few of its 48; without the purge, all of them.
+   * (MADV_FREE leaves pages resident until the kernel needs them; with -1
+   * nothing is purged; huge pages would be resident whole.) */
+  if (HAK_POLICY(purge_delay_ms) >= 0 && HAK_POLICY(purge_mode) == HAK_PURGE_DONTNEED && HAK_POLICY(thp) != HAK_THP_ON) {
+    size_t size = (size_t)page->units * HAK_UNIT_SIZE;
+    CHECK(resident_pages((uint8_t*)seg + ((size_t)page->index << HAK_UNIT_SHIFT), size) * 2 < size / HAK_OS_PAGE);
+  }
+  for (int i = 0; i < ny; i++) free(y[i]);
+  hak_heap_flush_empty(heap); /* (their units free again, in runs as before) */
   CHECK(live_intact());
 }
 
@@ -808,6 +870,7 @@ int main(int argc, char** argv) {
   in_new_thread(large_runs_thread);
   test_reuse();
   test_empty_pages_age();
+  test_layout_purge();
   test_huge_reuse();
   test_huge_coalesce();
   test_huge_dirty_window();
