@@ -92,18 +92,23 @@ static void page_format(hak_page_t* page, unsigned cls) {
   page->div_magic = hak_div_magic(page->block_size);
 }
 
-/* A block of more than two OS pages may leave those between its first and
- * last bytes untouched: a program that writes only the start and the end of
- * its buffers has only the OS pages it wrote resident.  Memory still backed
+/* A block larger than an OS page may span one that its first and last
+ * bytes miss: a program that writes only the start and the end of its
+ * buffers has only the OS pages it wrote resident.  Memory still backed
  * from another page holds the OS pages that page's blocks touched, and a
  * page of such blocks laid over it would keep those resident beside its own:
  * where pages change class over the same units, RSS would creep towards all
  * of them (random 1-64 KiB blocks: peak RSS 11.4 MB after 1 s, 15.6 after
  * 4 s; docs/BENCHMARKS.md).  So such a page first purges the backed units it
- * takes (mask), unless nothing may be purged (a delay of -1).  Smaller
- * blocks touch every OS page of their units anyway. */
+ * takes (mask), unless nothing may be purged (a delay of -1) or huge pages
+ * are asked for (the purge would split them, and the program chose RSS in
+ * 2 MiB steps).  Blocks of an OS page or less touch every OS page of their
+ * units.  Large blocks' pages (one block each, from the start of its run)
+ * are left as they are: no benchmark of the suite showed them creep. */
 static void purge_for_layout(hak_segment_t* seg, uint32_t mask, unsigned cls) {
-  if (cls == HAK_CLASS_LARGE || hak_class_size[cls] <= 2 * HAK_OS_PAGE || HAK_POLICY(purge_delay_ms) < 0) return;
+  if (cls == HAK_CLASS_LARGE || hak_class_size[cls] <= HAK_OS_PAGE || HAK_POLICY(purge_delay_ms) < 0 ||
+      HAK_POLICY(thp) == HAK_THP_ON)
+    return;
   while (mask != 0) {
     unsigned lo = (unsigned)__builtin_ctz(mask);
     unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(mask >> lo)); /* <= 32 */
