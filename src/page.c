@@ -92,6 +92,16 @@ static void page_format(hak_page_t* page, unsigned cls) {
   page->div_magic = hak_div_magic(page->block_size);
 }
 
+/* Purges the units of seg in mask, one madvise per run of them. */
+static void purge_unit_runs(hak_segment_t* seg, uint32_t mask) {
+  while (mask != 0) {
+    unsigned lo = (unsigned)__builtin_ctz(mask);
+    unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(mask >> lo)); /* <= 32 */
+    hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
+    mask &= ~hak_unit_mask(lo, len);
+  }
+}
+
 /* A block larger than an OS page may span one that its first and last
  * bytes miss: a program that writes only the start and the end of its
  * buffers has only the OS pages it wrote resident.  Memory still backed
@@ -109,12 +119,7 @@ static void purge_for_layout(hak_segment_t* seg, uint32_t mask, unsigned cls) {
   if (cls == HAK_CLASS_LARGE || hak_class_size[cls] <= HAK_OS_PAGE || HAK_POLICY(purge_delay_ms) < 0 ||
       HAK_POLICY(thp) == HAK_THP_ON)
     return;
-  while (mask != 0) {
-    unsigned lo = (unsigned)__builtin_ctz(mask);
-    unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(mask >> lo)); /* <= 32 */
-    hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
-    mask &= ~hak_unit_mask(lo, len);
-  }
+  purge_unit_runs(seg, mask);
 }
 
 /* A page from the heap's empty pages: of the same class if there is one (it
@@ -481,13 +486,8 @@ static void heap_purge_units(hak_heap_t* heap, uint32_t now_ms, bool all, uint32
       }
     }
     seg->dirty_units &= ~old;
-    while (old != 0) {
-      unsigned lo = (unsigned)__builtin_ctz(old);
-      unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(old >> lo)); /* <= 32 */
-      hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
-      hak_committed_sub((size_t)len << HAK_UNIT_SHIFT);
-      old &= ~hak_unit_mask(lo, len);
-    }
+    purge_unit_runs(seg, old);
+    hak_committed_sub((size_t)hak_popcount(old) << HAK_UNIT_SHIFT);
   }
   heap->dirty_units = left;
   if (idle != 0) hak_count(idle_purged_units, idle);
