@@ -294,8 +294,8 @@ static void layout_purge_case(size_t old_size, bool flush) {
   for (int i = 0; i < N; i++) free(x[i]);
   if (flush) hak_heap_flush_empty(heap); /* units back to their segments, backed (or purged, with a delay of 0) */
   REQUIRE(nold != 0);
-  for (int k = 0; k < nold; k++)
-    if (flush && delay > 0) CHECK((old_seg[k]->dirty_units & old_units[k]) == old_units[k]);
+  if (flush && delay > 0)
+    for (int k = 0; k < nold; k++) CHECK((old_seg[k]->dirty_units & old_units[k]) == old_units[k]);
   /* The class's pages made before (live_make's) serve first, then a new
    * page, on the old memory (placement prefers backed units; with a delay
    * of 0 kept empty pages are retired at once, and it may land elsewhere). */
