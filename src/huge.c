@@ -318,8 +318,7 @@ static arena_chunk_t* arena_oldest_dirty(unsigned* at, unsigned* end) {
 /* Beyond the dirty budget: purges the granules freed longest ago, a run of
  * those freed together at a time (its high end first, no more than the
  * excess). */
-static void arena_purge_over_budget(void) {
-  size_t budget = arena_budget();
+static void arena_purge_over(size_t budget) {
   while (arena_dirty > budget) {
     unsigned at, end;
     arena_chunk_t* oldest = arena_oldest_dirty(&at, &end);
@@ -329,6 +328,8 @@ static void arena_purge_over_budget(void) {
     arena_purge_run(oldest, end - n, n);
   }
 }
+
+static void arena_purge_over_budget(void) { arena_purge_over(arena_budget()); }
 
 /* Reserves a chunk; false if the slots are used up or the system refuses
  * (the caller then maps the block on its own). */
@@ -521,6 +522,23 @@ static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, unsigned 
 
 static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) { arena_give_some(ch, g, n, n); }
 
+/* The segments grow past the most they ever held: the arena's dirty
+ * granules are purged down to the room the process's peak of committed
+ * memory leaves (hak_committed_headroom), so that memory a huge block gave
+ * back and the segments' new memory are not both resident (sort frees its
+ * 8 MiB buffer and allocates its merge buffers at once: 17 MB of peak RSS
+ * against glibc's 10 MB).  The arena's own budget weighs only its own peak.
+ * Not at every segment taken: where segments come and go below their peak
+ * (big's blocks under 1 MiB), the purges bought no RSS and cost faults. */
+void hak_huge_purge_for_growth(void) {
+  if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) || HAK_POLICY(purge_delay_ms) <= 0) return;
+  size_t headroom = hak_committed_headroom();
+  pthread_mutex_lock(&huge_lock);
+  size_t budget = arena_budget();
+  arena_purge_over(headroom < budget ? headroom : budget);
+  pthread_mutex_unlock(&huge_lock);
+}
+
 void hak_huge_purge_if_due(uint32_t now_ms) {
   if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed)) return;
   if (!hak_purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now_ms,
@@ -548,6 +566,7 @@ static bool arena_flush(void) {
   }
   arena_purge(0, true);
   arena_used_peak = arena_used; /* a new start for the budget */
+  hak_committed_peak_restart();
   pthread_mutex_unlock(&huge_lock);
   for (unsigned i = 0; i < nunmap; i++) hak_os_unmap(unmap[i], ARENA_CHUNK);
   return any || nunmap != 0;

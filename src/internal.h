@@ -905,6 +905,7 @@ void hak_huge_unlock(void);
 void hak_huge_free(hak_segment_t* seg);
 bool hak_huge_cache_flush(void);
 void hak_huge_purge_if_due(uint32_t now_ms);
+void hak_huge_purge_for_growth(void);
 void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_bytes);
 size_t hak_huge_usable(hak_segment_t* seg, const void* p);
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
@@ -972,6 +973,9 @@ typedef struct hak_counters_s {
    * free units not purged yet (huge blocks are counted apart).  An upper
    * bound of what is resident: pages are touched as they are carved. */
   _Atomic size_t committed_bytes, peak_committed_bytes;
+  /* The same peak, restarted only by malloc_trim, not by hak_stats_reset:
+   * the huge arena's budget (hak_committed_headroom). */
+  _Atomic size_t budget_peak_bytes;
   _Atomic size_t lookup_failures; /* pointers freed or sized that hakmem does not own */
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
   _Atomic size_t huge_live, huge_live_bytes; /* huge blocks out now, and their mappings */
@@ -981,6 +985,8 @@ extern hak_counters_t hak_counters;
 #define hak_uncount(field, n) atomic_fetch_sub_explicit(&hak_counters.field, (n), memory_order_relaxed)
 void hak_committed_add(size_t bytes);
 void hak_committed_sub(size_t bytes);
+size_t hak_committed_headroom(void);
+void hak_committed_peak_restart(void);
 void hak_stats_at_exit(int fd);
 void hak_stats_report_fd(int fd);
 void hak_heaps_each(void (*fn)(hak_heap_t* heap, void* arg), void* arg);

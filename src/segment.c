@@ -113,12 +113,14 @@ static hak_segment_t* segment_from_os(void) {
   return seg;
 }
 
-/* Counts segments taken (+1) or released (-1), under segment_lock. */
-static void segments_count(int delta) {
+/* Counts segments taken (+1) or released (-1), under segment_lock; true if
+ * more are taken than ever before. */
+static bool segments_count(int delta) {
   size_t used = atomic_load_explicit(&segments_used, memory_order_relaxed) + (size_t)(ptrdiff_t)delta;
   atomic_store_explicit(&segments_used, used, memory_order_relaxed);
-  if (used > atomic_load_explicit(&segments_used_peak, memory_order_relaxed))
-    atomic_store_explicit(&segments_used_peak, used, memory_order_relaxed);
+  if (used <= atomic_load_explicit(&segments_used_peak, memory_order_relaxed)) return false;
+  atomic_store_explicit(&segments_used_peak, used, memory_order_relaxed);
+  return true;
 }
 
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
@@ -133,13 +135,14 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   } else {
     seg = segment_from_os();
   }
-  if (seg != NULL) segments_count(1);
+  bool more_than_ever = seg != NULL && segments_count(1);
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
   /* A segment from the backed cache keeps its dirty units (still counted
    * committed, with their free times): the new owner reuses them first and
    * purges them in its turn.  Another one's header is backed now; its units
    * are counted as pages take them. */
+  if (more_than_ever) hak_huge_purge_for_growth();
   if (!dirty) {
     hak_committed_add(HAK_SEG_HDR_SIZE);
     seg->dirty_units = 0; /* unit_purged_ms: zero from the OS, else stamped as it was cached */

@@ -877,6 +877,37 @@ static void test_option_warnings(void) {
                     "from=environment\t") != NULL);
 }
 
+/* Run alone (--growth), so that the segments' peak is this test's: a huge
+ * block written and freed stays backed in the arena (its own peak allows
+ * it), then the segments grow past the most they ever held by as much in
+ * blocks of 512 KiB; the arena purges its granules down to what the peak of
+ * committed memory, and an eighth, leaves (hak_huge_purge_for_growth), so
+ * that the two are not resident at once. */
+static void test_huge_dirty_growth(void) {
+  const size_t big = 8 * MIB, part = 512 * 1024;
+  enum { PARTS = 16 };
+  size_t reserved, dirty, free_bytes;
+  if (HAK_POLICY(purge_delay_ms) <= 0) return; /* nothing stays backed, or everything does */
+  char* h = malloc(big);
+  REQUIRE(h != NULL);
+  memset(h, 1, big);
+  free(h);
+  hak_huge_arena_info(&reserved, &dirty, &free_bytes);
+  CHECK(dirty >= big);
+  void* parts[PARTS];
+  for (int i = 0; i < PARTS; i++) {
+    parts[i] = malloc(part);
+    REQUIRE(parts[i] != NULL);
+    memset(parts[i], 2, part);
+  }
+  hak_huge_arena_info(&reserved, &dirty, &free_bytes);
+  size_t now = C(committed_bytes) + C(huge_live_bytes), peak = C(budget_peak_bytes);
+  CHECK(now >= PARTS * part);
+  CHECK(dirty + now <= peak + peak / 8 + HAK_SEG_SIZE);
+  CHECK(dirty < big);
+  for (int i = 0; i < PARTS; i++) free(parts[i]);
+}
+
 int main(int argc, char** argv) {
   free(malloc(1)); /* start-up (reads the options) */
   if (argc > 1 && strcmp(argv[1], "--print-options") == 0) {
@@ -887,6 +918,10 @@ int main(int argc, char** argv) {
     printf("purge_delay_ms=%d purge_mode=%d thp=%d\n", HAK_POLICY(purge_delay_ms), HAK_POLICY(purge_mode),
            HAK_POLICY(thp));
     return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "--growth") == 0) {
+    test_huge_dirty_growth();
+    return hak_test_result("test_memory --growth");
   }
   live_make();
   test_purge_delay();
