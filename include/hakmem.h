@@ -36,7 +36,7 @@ int hak_option_set(const char* name, long value);
  * Counters run from start or from the last hak_stats_reset; the other
  * figures are as they are now.  A snapshot: other threads may be allocating
  * while it is taken. */
-#define HAK_STATS_CLASSES 53 /* 52 size classes, then the large blocks (128 KiB - 1 MiB) */
+#define HAK_STATS_CLASSES 60 /* 59 size classes, then the large blocks (128 KiB - 1 MiB) */
 typedef struct hak_class_stats_s {
   size_t block_size;   /* 0 for the large blocks */
   size_t live_blocks;  /* handed out now */

@@ -43,10 +43,22 @@ static unsigned units_for(size_t bsize) {
  * 64 KiB page.  string_builder (8-64 B blocks) ran 6% faster
  * (docs/BENCHMARKS.md). */
 #define HAK_START_OFF_MAX_SIZE 256
+
+/* 16-256 B in steps of 16, then four classes a doubling up to 1 KiB (5/4,
+ * 6/4, 7/4, 8/4 of the doubling's base) and five above, 9/8 added: a size a
+ * little above a power of two (a 4 KiB page and its header, 1 KiB and a
+ * pointer) is common, and lands at the bottom of the widest step. */
+static size_t class_size(unsigned c) {
+  static const uint8_t eighths[5] = {9, 10, 12, 14, 16};
+  if (c < 16) return 16u * (c + 1);
+  if (c < 24) return (size_t)((c - 16) % 4 + 5) << ((c - 16) / 4 + 6);
+  return (size_t)eighths[(c - 24) % 5] << ((c - 24) / 5 + 7);
+}
+
 void hak_classes_init(void) {
   unsigned exact = 0;
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
-    size_t size = c < 16 ? 16u * (c + 1) : (size_t)((c - 16) % 4 + 5) << ((c - 16) / 4 + 6);
+    size_t size = class_size(c);
     hak_class_size[c] = (uint32_t)size;
     hak_class_units[c] = (uint8_t)units_for(size);
     size_t bytes = (size_t)hak_class_units[c] * HAK_UNIT_SIZE;
