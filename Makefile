@@ -140,6 +140,16 @@ bench-memory: release
 	bash scripts/install-deps.sh bench
 	python3 bench/memory.py $(MEMORY_ARGS)
 
+# Real programs (python3, gcc, sqlite3, sort, a C++ program) under hakmem and
+# each peer, interleaved: whole-process time and peak RSS, output checked
+# against glibc's; about 10 minutes.  REAL_ARGS adds flags, e.g.
+# REAL_ARGS="--only hakmem,glibc --workloads sqlite3,sort-8M --runs 3".
+.PHONY: bench-real
+bench-real: release
+	bash scripts/install-deps.sh bench
+	bash scripts/install-deps.sh real
+	python3 bench/real.py $(REAL_ARGS)
+
 # random_mixed under hakmem for DURATION seconds (default 600), RSS and
 # throughput sampled every second; not part of `make bench`.  SOAK_ARGS adds
 # flags, e.g. SOAK_ARGS="--only hakmem,mimalloc --preset mixed-8k".
