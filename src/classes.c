@@ -17,10 +17,11 @@ uint8_t hak_class_direct_slots[HAK_DIRECT_CLASSES];
  * every third); with 16, fewer pages hold a class's free blocks, and peak RSS
  * is lower too (docs/BENCHMARKS.md).  The 640-1024 B classes take two units
  * (128-204 blocks): a class's current page gets only its share of the frees,
- * and with 64 blocks of 1 KiB it ran out every 26 mallocs.  At most HAK_CLASS_UNITS_MAX units, so
- * that beside such a page and a few small ones a segment keeps room for a
- * realloc home to grow to HAK_LARGE_MAX (16 units); the 40-64 KiB classes
- * then hold 12-16 blocks.  The tail a page cannot use stays under 1/8 of it. */
+ * and with 64 blocks of 1 KiB it ran out every 26 mallocs.  At most
+ * HAK_CLASS_UNITS_MAX units, so that beside such a page and a few small ones
+ * a segment keeps room for a realloc home to grow to HAK_LARGE_MAX (16
+ * units); the 40-64 KiB classes then hold 12-16 blocks.  The tail a page
+ * cannot use stays under 1/8 of it. */
 #define HAK_CLASS_UNITS_MAX 12u
 static unsigned units_for(size_t bsize) {
   unsigned min_blocks = bsize <= 1024 ? 128 : bsize < 8192 ? 8 : bsize <= 65536 ? 16 : 4;

@@ -138,11 +138,11 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   bool more_than_ever = seg != NULL && segments_count(1);
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
+  if (more_than_ever) hak_huge_purge_for_growth(); /* room for the segments' growth */
   /* A segment from the backed cache keeps its dirty units (still counted
    * committed, with their free times): the new owner reuses them first and
    * purges them in its turn.  Another one's header is backed now; its units
    * are counted as pages take them. */
-  if (more_than_ever) hak_huge_purge_for_growth();
   if (!dirty) {
     hak_committed_add(HAK_SEG_HDR_SIZE);
     seg->dirty_units = 0; /* unit_purged_ms: zero from the OS, else stamped as it was cached */
