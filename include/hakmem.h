@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 #define HAKMEM_VERSION_MAJOR 0
-#define HAKMEM_VERSION_MINOR 1
+#define HAKMEM_VERSION_MINOR 2
 
 void*  hak_malloc(size_t size);
 void   hak_free(void* ptr);
