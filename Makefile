@@ -147,7 +147,6 @@ bench-memory: release
 .PHONY: bench-real
 bench-real: release
 	bash scripts/install-deps.sh bench
-	bash scripts/install-deps.sh real
 	python3 bench/real.py $(REAL_ARGS)
 
 # random_mixed under hakmem for DURATION seconds (default 600), RSS and

@@ -2,8 +2,9 @@
 """Real programs under each allocator (`make bench-real`): whole-process wall
 and CPU time and peak RSS, the allocators interleaved run by run.
 
-Workloads (inputs generated into --work, the same on every run; a workload
-whose program is missing is skipped with a note):
+Workloads (inputs generated into --work once, the same on every run:
+delete the directory after changing a generator; a workload whose program
+is missing is skipped with a note):
   python   tests/real/py_workload.py under this interpreter, PYTHONMALLOC=malloc
   gcc      `gcc -O2 -c` of a generated C file of 250 functions with switches
   sqlite3  the sqlite3 shell on tests/real/run_real.py's script, 200k rows
@@ -92,7 +93,7 @@ def workloads(work):
         script = os.path.join(work, "workload.sql")
         with open(script, "w") as f:
             f.write(run_real.SQLITE_SCRIPT.replace("i < 60000", "i < 200000"))
-        w["sqlite3"] = (["sqlite3", "-batch", ":memory:", ".read " + script], {})
+        w["sqlite3"] = (["sqlite3", "-batch", ":memory:", ".read '%s'" % script], {})
     else:
         w["sqlite3"] = "sqlite3 not found (apt install sqlite3)"
     lines = os.path.join(work, "lines.txt")
@@ -120,6 +121,8 @@ def run_once(argv, env, work):
     water mark of the memory it was forked from.)"""
     out_path = os.path.join(work, "out.txt")
     time_path = os.path.join(work, "time.txt")
+    if os.path.exists(time_path):
+        os.unlink(time_path)
     with open(out_path, "wb") as out:
         t0 = time.perf_counter()  # (GNU time's own wall clock has 10 ms steps)
         rc = subprocess.call(["/usr/bin/time", "-f", "%U %S %M", "-o", time_path] + argv, env=env,
@@ -132,6 +135,17 @@ def run_once(argv, env, work):
     with open(time_path) as f:
         user, sys_s, rss_kib = f.read().split()[-3:]
     return rc, h.hexdigest(), (wall, float(user) + float(sys_s), int(rss_kib) / 1024.0)
+
+
+def preloaded(alloc):
+    """None if a program started with alloc's environment maps its library
+    (or alloc is glibc), else a message: a preload the loader refused would
+    measure glibc under another name."""
+    if alloc.preload is None:
+        return None
+    maps = subprocess.run(["cat", "/proc/self/maps"], env=alloc.env(), capture_output=True, text=True).stdout
+    name = os.path.basename(os.path.realpath(alloc.preload))
+    return None if name in maps else "%s: %s is not mapped under LD_PRELOAD" % (alloc.name, alloc.preload)
 
 
 def main():
@@ -148,6 +162,10 @@ def main():
         sys.exit("GNU time not found (apt install time)")
     names = args.only.split(",") if args.only else None
     allocs, notes = allocators.select_allocators(names, args.hakmem)
+    for a in allocs:
+        problem = preloaded(a)
+        if problem:
+            sys.exit(problem)
     os.makedirs(args.work, exist_ok=True)
     loads = workloads(args.work)
     wanted = args.workloads.split(",") if args.workloads else list(loads)
@@ -179,7 +197,7 @@ def main():
         # The reference output: glibc's, else the first allocator's.
         ref_name = "glibc" if digests.get("glibc") else allocs[0].name
         reference = digests[ref_name][0] if digests[ref_name] else None
-        for a in allocs:
+        for a in allocs if reference is not None else []:
             bad = sum(d != reference for d in digests[a.name])
             if bad:
                 failures += 1

@@ -536,6 +536,7 @@ void hak_huge_purge_for_growth(void) {
   pthread_mutex_lock(&huge_lock);
   size_t budget = arena_budget();
   arena_purge_over(headroom < budget ? headroom : budget);
+  arena_note_oldest(); /* (arena_has_dirty false once none is left) */
   pthread_mutex_unlock(&huge_lock);
 }
 

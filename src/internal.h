@@ -975,8 +975,9 @@ typedef struct hak_counters_s {
    * free units not purged yet (huge blocks are counted apart).  An upper
    * bound of what is resident: pages are touched as they are carved. */
   _Atomic size_t committed_bytes, peak_committed_bytes;
-  /* The same peak, restarted only by malloc_trim, not by hak_stats_reset:
-   * the huge arena's budget (hak_committed_headroom). */
+  /* The same peak, restarted when the huge arena is flushed (malloc_trim, a
+   * mapping refused), not by hak_stats_reset: the huge arena's budget
+   * (hak_committed_headroom). */
   _Atomic size_t budget_peak_bytes;
   _Atomic size_t lookup_failures; /* pointers freed or sized that hakmem does not own */
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;

@@ -49,7 +49,8 @@ size_t hak_committed_headroom(void) {
   return peak > now ? peak - now : 0;
 }
 
-/* malloc_trim: the headroom starts again from what is committed now. */
+/* The huge arena flushed (malloc_trim, a mapping refused): the headroom
+ * starts again from what is committed now. */
 void hak_committed_peak_restart(void) {
   atomic_store_explicit(&hak_counters.budget_peak_bytes, LOAD(committed_bytes) + LOAD(huge_live_bytes),
                         memory_order_relaxed);

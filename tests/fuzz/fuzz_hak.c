@@ -775,14 +775,16 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
   (void)argc;
   (void)argv;
   /* Sizes next to boundaries: the classes (16 to 256 by 16, then four per
-   * doubling to 128 KiB), the 64 KiB unit, 1 MiB (large to huge), the 2 MiB
-   * segment and multiples. */
+   * doubling to 128 KiB, and the fifth, 9/8 of each doubling from 1 KiB,
+   * last so that the older entries keep their places), the 64 KiB unit,
+   * 1 MiB (large to huge), the 2 MiB segment and multiples. */
   for (size_t s = 16; s <= 256; s += 16) boundaries[boundary_count++] = s;
   for (size_t d = 256; d < 128 * KiB; d *= 2)
     for (size_t q = 5; q <= 8; q++) boundaries[boundary_count++] = d * q / 4;
   static const size_t more[] = {0, 1, 4 * KiB, 60 * KiB, 64 * KiB, 192 * KiB, 960 * KiB, MiB,
                                 MiB + 4 * KiB, 2 * MiB - 4 * KiB, 2 * MiB, 2 * MiB + 4 * KiB, 4 * MiB, 6 * MiB};
   for (size_t k = 0; k < sizeof more / sizeof more[0]; k++) boundaries[boundary_count++] = more[k];
+  for (size_t d = KiB; d < 128 * KiB; d *= 2) boundaries[boundary_count++] = d * 9 / 8;
   for (int k = 0; k < OPTION_COUNT; k++)
     if (hak_option_get(option_names[k], &option_default[k]) != 0)
       fail("hak_option_get(%s) failed", option_names[k]);

@@ -22,7 +22,8 @@ MALLOC, FREE, CALLOC, REALLOC, ALIGNED, USABLE, CHECK, REWRITE = range(8)
 REMOTE_FREE, REMOTE_ALLOC, REMOTE_REALLOC, SYNC, EDGE, BURST, OPTION, RESTART = range(8, 16)
 
 # draw_size's boundary table: 16..256 by 16, four per doubling from 256 to
-# 128 KiB, then the fixed ones.
+# 128 KiB, then the fixed ones, then the fifth classes (9/8 of each doubling
+# from 1 KiB).
 BOUNDARIES = list(range(16, 257, 16))
 d = 256
 while d < 128 * KiB:
@@ -30,6 +31,7 @@ while d < 128 * KiB:
     d *= 2
 BOUNDARIES += [0, 1, 4 * KiB, 60 * KiB, 64 * KiB, 192 * KiB, 960 * KiB, MiB, MiB + 4 * KiB,
                2 * MiB - 4 * KiB, 2 * MiB, 2 * MiB + 4 * KiB, 4 * MiB, 6 * MiB]
+BOUNDARIES += [d * 9 // 8 for d in (1 << k for k in range(10, 17))]
 DELTAS = [-1, 0, 1, -16, 16, -4096, 4096, 15]
 
 
