@@ -167,6 +167,7 @@ static void test_segments_kept(void) {
     memset(p[i], i, size);
   }
   size_t purged0 = C(purged_bytes);
+  uint32_t freed_ms = hak_now_ms();
   free_all(p, N);
   size_t at_once = C(purged_bytes) - purged0;
   if (delay < 0) CHECK(at_once == 0);
@@ -178,7 +179,9 @@ static void test_segments_kept(void) {
       REQUIRE((p[i] = malloc(size)) != NULL);
       memset(p[i], i, size);
     }
-    CHECK(minor_faults() - faults < N * MIB / 4096 / 8);
+    /* Reused backed, not faulted in again (unless this machine stalled past
+     * the delay meanwhile: ctest -j 8 on two CPUs did, 3 runs in 8). */
+    if (hak_now_ms() - freed_ms < (uint32_t)delay / 2) CHECK(minor_faults() - faults < N * MIB / 4096 / 8);
     free_all(p, N);
     sleep_ms(delay + 30);
     page_event();
