@@ -25,6 +25,8 @@ static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Committed memory: the segments' share is counted here as units are taken
  * and purged; huge blocks count their mappings. */
+static size_t committed_now(void) { return LOAD(committed_bytes) + LOAD(huge_live_bytes); }
+
 static void peak_raise(_Atomic size_t* field, size_t now) {
   size_t peak = atomic_load_explicit(field, memory_order_relaxed);
   while (now > peak && !atomic_compare_exchange_weak_explicit(field, &peak, now, memory_order_relaxed,
@@ -33,7 +35,7 @@ static void peak_raise(_Atomic size_t* field, size_t now) {
 }
 
 static void peak_update(void) {
-  size_t now = LOAD(committed_bytes) + LOAD(huge_live_bytes);
+  size_t now = committed_now();
   peak_raise(&hak_counters.peak_committed_bytes, now);
   peak_raise(&hak_counters.budget_peak_bytes, now);
 }
@@ -43,7 +45,7 @@ static void peak_update(void) {
  * counts (the huge arena's free granules) may fill.  (Without the eighth,
  * big purged granules it took again soon after: 14% more page faults.) */
 size_t hak_committed_headroom(void) {
-  size_t now = LOAD(committed_bytes) + LOAD(huge_live_bytes);
+  size_t now = committed_now();
   size_t peak = LOAD(budget_peak_bytes);
   peak += peak / 8;
   return peak > now ? peak - now : 0;
@@ -52,8 +54,7 @@ size_t hak_committed_headroom(void) {
 /* The huge arena flushed (malloc_trim, a mapping refused): the headroom
  * starts again from what is committed now. */
 void hak_committed_peak_restart(void) {
-  atomic_store_explicit(&hak_counters.budget_peak_bytes, LOAD(committed_bytes) + LOAD(huge_live_bytes),
-                        memory_order_relaxed);
+  atomic_store_explicit(&hak_counters.budget_peak_bytes, committed_now(), memory_order_relaxed);
 }
 
 void hak_committed_add(size_t bytes) {
@@ -203,8 +204,7 @@ HAK_API void hak_stats_reset(void) {
   have_baseline = true;
   pthread_mutex_unlock(&baseline_lock);
   /* The peak restarts from what is committed now. */
-  atomic_store_explicit(&hak_counters.peak_committed_bytes, LOAD(committed_bytes) + LOAD(huge_live_bytes),
-                        memory_order_relaxed);
+  atomic_store_explicit(&hak_counters.peak_committed_bytes, committed_now(), memory_order_relaxed);
 }
 
 /* ---- the readable report ---------------------------------------------------- */
