@@ -73,10 +73,36 @@ static void fork_child(void) {
   hak_prof_unlock();
 }
 
+/* Registering the fork handlers maps two 64 KiB windows of libc into the
+ * process (fault-around brings in __register_atfork's text and the rodata
+ * it reads): 4-8% of a small program's peak RSS.  A process with a single
+ * thread needs no handlers: no other thread can hold a hakmem lock when it
+ * forks, and every heap is the forking thread's.  So they are registered
+ * once a second thread exists, by the first thread that then takes a hakmem
+ * lock (hak_fork_guard); the others wait until it is done, so that a fork
+ * in between finds no lock held. */
+_Atomic int hak_fork_handlers_state; /* 0 not registered, 1 registering, 2 registered */
+static __thread bool registering_here __attribute__((tls_model("initial-exec")));
+
+void hak_fork_handlers_register(void) {
+  if (registering_here) return; /* pthread_atfork allocating */
+  int expected = 0;
+  if (atomic_compare_exchange_strong(&hak_fork_handlers_state, &expected, 1)) {
+    registering_here = true;
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    registering_here = false;
+    atomic_store_explicit(&hak_fork_handlers_state, 2, memory_order_release);
+    return;
+  }
+  while (atomic_load_explicit(&hak_fork_handlers_state, memory_order_acquire) != 2) sched_yield();
+}
+
 __attribute__((constructor(101))) static void hak_constructor(void) {
   hak_process_init();
-  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) hak_prof_prepare();
-  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) {
+    hak_prof_prepare();
+    hak_fork_handlers_register(); /* the profiler's signal handler takes its lock */
+  }
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {

@@ -2,7 +2,8 @@
  * and free continuously (and hand blocks to each other).  Each child
  * allocates, reallocates and frees blocks of every size, frees blocks that
  * the parent's threads allocated before the fork, starts a thread of its own,
- * sometimes forks again, and _exit(0)s.  A deadlock in a child (a lock held
+ * sometimes forks again, and _exit(0)s.  The first fork comes before any
+ * thread exists, when hakmem has no fork handlers yet.  A deadlock in a child (a lock held
  * across fork) is caught by an alarm in the child and a watchdog in the
  * parent, so it fails the test instead of hanging it. */
 #define _GNU_SOURCE
@@ -10,6 +11,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +161,45 @@ static int child_work(int depth) {
 
 static volatile pid_t current_child;
 
+/* Waits for child number f (-1: the single-threaded fork); a failure counts. */
+static void wait_child(pid_t pid, int f) {
+  current_child = pid;
+  int st = 0;
+  pid_t w;
+  do {
+    w = waitpid(pid, &st, 0);
+  } while (w < 0 && errno == EINTR);
+  if (w != pid) {
+    fprintf(stderr, "check failed: waitpid: %s\n", strerror(errno));
+    hak_test_failures++;
+  } else if (WIFSIGNALED(st)) {
+    fprintf(stderr, "check failed: child %d killed by signal %d%s\n", f, WTERMSIG(st),
+            WTERMSIG(st) == SIGALRM ? " (stuck: deadlock after fork?)" : "");
+    hak_test_failures++;
+  } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "check failed: child %d exited with status %d\n", f, WEXITSTATUS(st));
+    hak_test_failures++;
+  }
+}
+
+/* Forks child number f, which runs work(arg) under an alarm and exits with
+ * its result, and waits for it.  Returns false if fork failed. */
+static bool fork_and_wait(int f, int (*work)(int), int arg) {
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "fork failed: %s\n", strerror(errno));
+    hak_test_failures++;
+    return false;
+  }
+  if (pid == 0) {
+    signal(SIGALRM, SIG_DFL);
+    alarm(CHILD_ALARM);
+    _exit(work(arg));
+  }
+  wait_child(pid, f);
+  return true;
+}
+
 static void on_watchdog(int sig) {
   (void)sig;
   static const char msg[] = "test_fork: watchdog expired: a child or the parent is stuck\n";
@@ -169,11 +210,71 @@ static void on_watchdog(int sig) {
   _exit(1);
 }
 
+/* Phase two: threads that do nothing but take huge blocks and give them
+ * back, so that one of them holds the huge-block lock much of the time, and
+ * children that need that lock at once.  Without fork handlers a child
+ * inherits the lock held and waits forever. */
+enum { HUGE_FORKS = 60 };
+
+static void* huge_worker(void* arg) {
+  hak_rng r;
+  hak_rng_seed(&r, (uint64_t)(intptr_t)arg);
+  while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+    size_t n = hak_rng_range(&r, (1u << 20) + 1, 6u << 20);
+    unsigned char* p = malloc(n);
+    if (!p) {
+      atomic_fetch_add(&worker_failures, 1);
+      continue;
+    }
+    p[0] = 1;
+    p[n - 1] = 2;
+    free(p);
+    atomic_fetch_add(&worker_ops, 1);
+  }
+  return NULL;
+}
+
+static int huge_child(int unused) {
+  (void)unused;
+  for (size_t n = (1u << 20) + 1; n < (8u << 20); n += 3u << 19) {
+    unsigned char* p = malloc(n);
+    if (!p) return 1;
+    memset(p, 0x5A, n);
+    free(p);
+  }
+  return 0;
+}
+
+static void huge_phase(void) {
+  atomic_store(&stop, 0);
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) REQUIRE(pthread_create(&th[i], NULL, huge_worker, (void*)(intptr_t)(i + 100)) == 0);
+  for (int f = 0; f < HUGE_FORKS; f++) {
+    long before = atomic_load(&worker_ops);
+    while (atomic_load(&worker_ops) < before + 8) sched_yield();
+    if (!fork_and_wait(FORKS + f, huge_child, 0)) break;
+  }
+  atomic_store(&stop, 1);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+}
+
 int main(void) {
   HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
   HAK_REQUIRE_SYMBOL_IN_HAKMEM("free");
   signal(SIGALRM, on_watchdog);
   alarm(PARENT_ALARM);
+
+  /* A fork while the process has one thread, so hakmem has registered no
+   * fork handlers yet.  The child frees blocks of every kind its parent
+   * allocated, starts a thread (its first: the handlers are registered
+   * then) and forks a grandchild. */
+  for (int s = 0; s < XS; s++) {
+    size_t n = s % 8 == 7 ? (size_t)(s + 1) << 14 : (size_t)s * 61 + 16;
+    unsigned char* p = make(n);
+    REQUIRE(p != NULL);
+    atomic_store(&xs[s], (uintptr_t)p);
+  }
+  REQUIRE(fork_and_wait(-1, child_work, 0));
 
   pthread_t th[WORKERS];
   for (int i = 0; i < WORKERS; i++)
@@ -183,37 +284,11 @@ int main(void) {
     /* Let the workers run a little between forks (no timing is asserted). */
     long before = atomic_load(&worker_ops);
     while (atomic_load(&worker_ops) < before + 2048) sched_yield();
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "fork failed: %s\n", strerror(errno));
-      hak_test_failures++;
-      break;
-    }
-    if (pid == 0) {
-      signal(SIGALRM, SIG_DFL);
-      alarm(CHILD_ALARM);
-      _exit(child_work(f % 4 == 0 ? 0 : 1));
-    }
-    current_child = pid;
-    int st = 0;
-    pid_t w;
-    do {
-      w = waitpid(pid, &st, 0);
-    } while (w < 0 && errno == EINTR);
-    if (w != pid) {
-      fprintf(stderr, "check failed: waitpid: %s\n", strerror(errno));
-      hak_test_failures++;
-    } else if (WIFSIGNALED(st)) {
-      fprintf(stderr, "check failed: child %d killed by signal %d%s\n", f, WTERMSIG(st),
-              WTERMSIG(st) == SIGALRM ? " (stuck: deadlock after fork?)" : "");
-      hak_test_failures++;
-    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      fprintf(stderr, "check failed: child %d exited with status %d\n", f, WEXITSTATUS(st));
-      hak_test_failures++;
-    }
+    if (!fork_and_wait(f, child_work, f % 4 == 0 ? 0 : 1)) break;
   }
   atomic_store(&stop, 1);
   for (int i = 0; i < WORKERS; i++) pthread_join(th[i], NULL);
+  huge_phase();
   alarm(0);
   for (int s = 0; s < XS; s++) {
     unsigned char* p = (unsigned char*)atomic_exchange(&xs[s], 0);
