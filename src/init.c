@@ -81,20 +81,22 @@ static void fork_child(void) {
  * once a second thread exists, by the first thread that then takes a hakmem
  * lock (hak_fork_guard); the others wait until it is done, so that a fork
  * in between finds no lock held. */
-_Atomic int hak_fork_handlers_state; /* 0 not registered, 1 registering, 2 registered */
+_Atomic int hak_fork_handlers_state; /* 2 once registered */
+static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
 static __thread bool registering_here __attribute__((tls_model("initial-exec")));
 
+static void fork_handlers_add(void) {
+  registering_here = true;
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  registering_here = false;
+  atomic_store_explicit(&hak_fork_handlers_state, 2, memory_order_release);
+}
+
+/* pthread_once makes the other threads wait, and runs again in a child
+ * forked while a thread was registering (glibc's fork generations). */
 void hak_fork_handlers_register(void) {
   if (registering_here) return; /* pthread_atfork allocating */
-  int expected = 0;
-  if (atomic_compare_exchange_strong(&hak_fork_handlers_state, &expected, 1)) {
-    registering_here = true;
-    pthread_atfork(fork_prepare, fork_parent, fork_child);
-    registering_here = false;
-    atomic_store_explicit(&hak_fork_handlers_state, 2, memory_order_release);
-    return;
-  }
-  while (atomic_load_explicit(&hak_fork_handlers_state, memory_order_acquire) != 2) sched_yield();
+  pthread_once(&fork_handlers_once, fork_handlers_add);
 }
 
 __attribute__((constructor(101))) static void hak_constructor(void) {
