@@ -36,8 +36,8 @@ static uint8_t* heap_chunk_end;
 
 /* Lock order: global_heap_lock, then heaps_lock, then the segment lock. */
 void hak_heaps_lock(void) {
-  hak_lock(&global_heap_lock);
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&global_heap_lock);
+  pthread_mutex_lock(&heaps_lock);
 }
 void hak_heaps_unlock(void) {
   pthread_mutex_unlock(&heaps_lock);
@@ -241,7 +241,7 @@ void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
 }
 
 void* hak_alloc_on_dead_thread(size_t size) {
-  hak_lock(&global_heap_lock);
+  pthread_mutex_lock(&global_heap_lock);
   if (hak_heap_global.kind != HAK_HEAP_GLOBAL) heap_sentinel_init(&hak_heap_global, HAK_HEAP_GLOBAL);
   void* p = hak_heap_alloc(&hak_heap_global, size);
   pthread_mutex_unlock(&global_heap_lock);
@@ -449,7 +449,7 @@ static hak_heap_t* heap_new_locked(void) {
  * heap was absorbed) are passed on; called before mapping a new segment. */
 void hak_heaps_collect_spare(hak_heap_t* heap) {
   hak_block_t* all = NULL;
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   for (hak_heap_t* h = spare_pool; h != NULL; h = h->pool_next) {
     if (!hak_remote_pending(h)) continue;
     hak_block_t* list = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
@@ -465,7 +465,7 @@ void hak_heaps_collect_spare(hak_heap_t* heap) {
 /* The global heap's remote frees are collected when it allocates, and, so
  * that they do not wait for that, whenever a thread starts or ends. */
 static void global_heap_collect(void) {
-  if (hak_remote_pending(&hak_heap_global) && hak_trylock(&global_heap_lock) == 0) {
+  if (hak_remote_pending(&hak_heap_global) && pthread_mutex_trylock(&global_heap_lock) == 0) {
     hak_remote_collect(&hak_heap_global);
     pthread_mutex_unlock(&global_heap_lock);
   }
@@ -477,7 +477,7 @@ static void global_heap_collect(void) {
 static hak_heap_t* thread_heap_init(hak_heap_t* want) {
   hak_process_init();
   global_heap_collect();
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   hak_heap_t** at = &abandoned_pool;
   if (want != NULL)
     while (*at != NULL && *at != want) at = &(*at)->pool_next;
@@ -540,7 +540,7 @@ static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
  * that a thread starting meanwhile still finds them. */
 static void abandoned_collect(void) {
   if (__atomic_load_n(&abandoned_pool, __ATOMIC_RELAXED) == NULL) return;
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   for (hak_heap_t** at = &abandoned_pool; *at != NULL;) {
     hak_heap_t* h = *at;
     if (hak_remote_pending(h)) {
@@ -565,7 +565,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   abandoned_collect();
   heap_trim_abandoned(heap, false);
   if (__atomic_load_n(&hak_heap_dead.kind, __ATOMIC_ACQUIRE) != HAK_HEAP_DEAD) {
-    hak_lock(&heaps_lock);
+    pthread_mutex_lock(&heaps_lock);
     if (hak_heap_dead.kind != HAK_HEAP_DEAD) heap_sentinel_init(&hak_heap_dead, HAK_HEAP_DEAD);
     pthread_mutex_unlock(&heaps_lock);
   }
@@ -574,7 +574,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   heap->tid = 0; /* a later thread may get this thread's id */
   hak_segments_set_owner(heap);
   heap->abandoned_ms = hak_now_ms();
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
   heap->pool_next = *pool;
   __atomic_store_n(pool, heap, __ATOMIC_RELAXED); /* read unlocked in hak_heap_absorb_abandoned */
@@ -602,7 +602,7 @@ bool hak_heap_absorb_abandoned(hak_heap_t* heap) {
   uint32_t now = hak_now_ms();
   int32_t delay = HAK_POLICY(purge_delay_ms);
   uint32_t wait = delay > 0 ? (uint32_t)delay : 0;
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   hak_heap_t** at = &abandoned_pool;
   while (*at != NULL && (*at)->pool_next != NULL) at = &(*at)->pool_next;
   hak_heap_t* from = *at;
@@ -628,7 +628,7 @@ static HAK_NOINLINE bool heap_absorb_heir(hak_heap_t* heap) {
     heap->heir_of = NULL;
     return false;
   }
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   hak_heap_t** at = &abandoned_pool;
   while (*at != NULL && *at != want) at = &(*at)->pool_next;
   bool found = *at != NULL;
@@ -659,7 +659,7 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
   hak_remote_collect_list(heap, atomic_exchange_explicit(&from->remote, NULL, memory_order_acquire));
   hak_count(heaps_adopted, 1);
   hak_heap_check(heap);
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   from->pool_next = spare_pool;
   spare_pool = from;
   pthread_mutex_unlock(&heaps_lock);
@@ -668,7 +668,7 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
 /* Calls fn on every heap made and on the global heap, under the heaps lock
  * (their owners may be running: what fn reads is a snapshot). */
 void hak_heaps_each(void (*fn)(hak_heap_t* heap, void* arg), void* arg) {
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   fn(&hak_heap_global, arg);
   for (hak_heap_t* h = all_heaps; h != NULL; h = h->all_next) fn(h, arg);
   pthread_mutex_unlock(&heaps_lock);
@@ -698,9 +698,9 @@ bool hak_trim(void) {
     hak_heap_flush_empty(heap);
     hak_heap_purge(heap, now, true);
   }
-  hak_lock(&global_heap_lock);
+  pthread_mutex_lock(&global_heap_lock);
   hak_heap_purge(&hak_heap_global, now, true);
-  hak_lock(&heaps_lock);
+  pthread_mutex_lock(&heaps_lock);
   /* Pooled heaps are touched only under heaps_lock until a thread takes one. */
   for (hak_heap_t* h = abandoned_pool; h != NULL; h = h->pool_next) hak_heap_purge(h, now, true);
   pthread_mutex_unlock(&heaps_lock);

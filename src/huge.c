@@ -42,7 +42,7 @@ static void huge_spare_forget(hak_segment_t* seg) {
   seg->huge_spare_pages = 0;
 }
 
-void hak_huge_lock(void) { hak_lock(&huge_lock); }
+void hak_huge_lock(void) { pthread_mutex_lock(&huge_lock); }
 void hak_huge_unlock(void) { pthread_mutex_unlock(&huge_lock); }
 
 /* Takes the smallest cached mapping of at least total bytes, else the largest
@@ -54,7 +54,7 @@ static hak_segment_t* huge_cache_take(size_t total) {
   int nexpired = 0;
   hak_segment_t* best = NULL;
   uint32_t now = hak_now_ms();
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   int best_slot = -1;
   for (int i = 0; i < HUGE_CACHE_SLOTS; i++) {
     hak_segment_t* seg = huge_cache[i].seg;
@@ -99,7 +99,7 @@ static int huge_cache_oldest(void) {
 
 /* Bytes of the mappings cached and of the arena's dirty granules (statistics). */
 size_t hak_huge_cached_bytes(void) {
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   size_t bytes = huge_cache_bytes + arena_dirty;
   pthread_mutex_unlock(&huge_lock);
   return bytes;
@@ -113,7 +113,7 @@ bool hak_huge_cache_flush(void) {
   bool arena_gave = arena_flush();
   hak_segment_t* cached[HUGE_CACHE_SLOTS];
   int n = 0;
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   for (int i = 0; i < HUGE_CACHE_SLOTS; i++) {
     if (huge_cache[i].seg == NULL) continue;
     cached[n++] = huge_cache[i].seg;
@@ -133,7 +133,7 @@ static void huge_cache_put(hak_segment_t* seg) {
   }
   hak_segment_t* evicted[HUGE_CACHE_SLOTS + 1];
   int nevicted = 0;
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   while (huge_cache_bytes + seg->map_size > HUGE_CACHE_BYTES || huge_cache_full()) {
     int oldest = huge_cache_oldest();
     evicted[nevicted++] = huge_cache[oldest].seg;
@@ -533,7 +533,7 @@ static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) { arena_give_s
 void hak_huge_purge_for_growth(void) {
   if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) || HAK_POLICY(purge_delay_ms) <= 0) return;
   size_t headroom = hak_committed_headroom();
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   size_t budget = arena_budget();
   arena_purge_over(headroom < budget ? headroom : budget);
   arena_note_oldest(); /* (arena_has_dirty false once none is left) */
@@ -545,7 +545,7 @@ void hak_huge_purge_if_due(uint32_t now_ms) {
   if (!hak_purge_is_due(atomic_load_explicit(&arena_oldest_ms, memory_order_relaxed), now_ms,
                     HAK_POLICY(purge_delay_ms)))
     return;
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   arena_purge(now_ms, false);
   pthread_mutex_unlock(&huge_lock);
 }
@@ -556,7 +556,7 @@ void hak_huge_purge_if_due(uint32_t now_ms) {
 static bool arena_flush(void) {
   uint8_t* unmap[ARENA_CHUNKS_MAX];
   unsigned nunmap = 0;
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   bool any = arena_dirty != 0;
   for (unsigned c = 0; c < arena_slots; c++) {
     arena_chunk_t* ch = &hak_arena[c];
@@ -574,7 +574,7 @@ static bool arena_flush(void) {
 }
 
 void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_bytes) {
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   size_t n = 0, fb = 0;
   for (unsigned c = 0; c < arena_slots; c++)
     if (hak_arena[c].base != NULL) {
@@ -681,7 +681,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   size_t runs = (total + ARENA_GRANULE - 1) / ARENA_GRANULE;
   if (runs > ARENA_RUN_MAX) return NULL;
   unsigned n = (unsigned)runs, c, g;
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   if (!arena_find(n, (unsigned)((off - HUGE_GUARD) / HAK_OS_PAGE), &c, &g)) {
     if (!arena_grow(&c)) {
       pthread_mutex_unlock(&huge_lock);
@@ -713,7 +713,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   seg->huge_run = n;
   seg->huge_chunk = c;
   if (!arena_guard_run(seg, ch, g, n)) {
-    hak_lock(&huge_lock);
+    pthread_mutex_lock(&huge_lock);
     arena_give(ch, g, n);
     pthread_mutex_unlock(&huge_lock);
     return NULL;
@@ -744,7 +744,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
 static void arena_free(hak_segment_t* seg) {
   arena_chunk_t* ch = &hak_arena[seg->huge_chunk];
   unsigned g = (unsigned)(((uint8_t*)seg - ch->base) / ARENA_GRANULE), n = seg->huge_run;
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   arena_give(ch, g, n);
   pthread_mutex_unlock(&huge_lock);
 }
@@ -759,20 +759,20 @@ static bool arena_resize(hak_segment_t* seg, size_t total) {
   unsigned g = (unsigned)(((uint8_t*)seg - ch->base) / ARENA_GRANULE);
   if (runs > n) {
     if (runs > ARENA_RUN_MAX || g + runs > ARENA_GRANULES) return false;
-    hak_lock(&huge_lock);
+    pthread_mutex_lock(&huge_lock);
     bool room = bits_count(ch->free, g + n, (unsigned)runs + g) == runs - n;
     if (room) arena_take(ch, g + n, (unsigned)runs - n, NULL);
     pthread_mutex_unlock(&huge_lock);
     if (!room) return false;
     if (!arena_guard_run(seg, ch, g, (unsigned)runs)) {
-      hak_lock(&huge_lock);
+      pthread_mutex_lock(&huge_lock);
       arena_give(ch, g + n, (unsigned)runs - n);
       pthread_mutex_unlock(&huge_lock);
       return false;
     }
   } else if (runs < n) {
     if (!arena_guard_run(seg, ch, g, (unsigned)runs)) return true; /* it keeps its granules */
-    hak_lock(&huge_lock);
+    pthread_mutex_lock(&huge_lock);
     arena_give(ch, g + (unsigned)runs, n - (unsigned)runs);
     pthread_mutex_unlock(&huge_lock);
   }
@@ -795,7 +795,7 @@ static bool arena_resize(hak_segment_t* seg, size_t total) {
  * header's), so that the move does not hold both copies resident.  NULL if
  * the arena cannot serve the new size (the caller copies). */
 static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t total) {
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   size_t peak = arena_used_peak;
   pthread_mutex_unlock(&huge_lock);
   uint8_t* q = arena_alloc(off, size, total, false);
@@ -807,7 +807,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
   /* The two places are never backed at once: the peak in use is what it was
    * before, or what is in use without the old place, and the dirty granules
    * beyond what that leaves go before the copy faults in the new place. */
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   size_t without = arena_used - (size_t)n * ARENA_GRANULE;
   arena_used_peak = peak > without ? peak : without;
   if (HAK_POLICY(purge_delay_ms) > 0) arena_purge_over_budget();
@@ -828,7 +828,7 @@ static void* arena_move(hak_segment_t* seg, size_t off, size_t size, size_t tota
   huge_map(seg, false);
   arena_chunk_t* ch = &hak_arena[seg->huge_chunk];
   unsigned g = (unsigned)((base - ch->base) / ARENA_GRANULE);
-  hak_lock(&huge_lock);
+  pthread_mutex_lock(&huge_lock);
   arena_give_some(ch, g, n, 1);
   if (!zeroed && n > 1) bits_put(ch->unzeroed, g + 1, n - 1, true);
   pthread_mutex_unlock(&huge_lock);

@@ -73,38 +73,10 @@ static void fork_child(void) {
   hak_prof_unlock();
 }
 
-/* Registering the fork handlers maps two 64 KiB windows of libc into the
- * process (fault-around brings in __register_atfork's text and the rodata
- * it reads): 4-8% of a small program's peak RSS.  A process with a single
- * thread needs no handlers: no other thread can hold a hakmem lock when it
- * forks, and every heap is the forking thread's.  So they are registered
- * once a second thread exists, by the first thread that then takes a hakmem
- * lock (hak_fork_guard); the others wait until it is done, so that a fork
- * in between finds no lock held. */
-_Atomic int hak_fork_handlers_state; /* 2 once registered */
-static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
-static __thread bool registering_here __attribute__((tls_model("initial-exec")));
-
-static void fork_handlers_add(void) {
-  registering_here = true;
-  pthread_atfork(fork_prepare, fork_parent, fork_child);
-  registering_here = false;
-  atomic_store_explicit(&hak_fork_handlers_state, 2, memory_order_release);
-}
-
-/* pthread_once makes the other threads wait, and runs again in a child
- * forked while a thread was registering (glibc's fork generations). */
-void hak_fork_handlers_register(void) {
-  if (registering_here) return; /* pthread_atfork allocating */
-  pthread_once(&fork_handlers_once, fork_handlers_add);
-}
-
 __attribute__((constructor(101))) static void hak_constructor(void) {
   hak_process_init();
-  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) {
-    hak_prof_prepare();
-    hak_fork_handlers_register(); /* the profiler's signal handler takes its lock */
-  }
+  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) hak_prof_prepare();
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {

@@ -9,7 +9,6 @@
 #ifndef HAK_INTERNAL_H
 #define HAK_INTERNAL_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -959,30 +958,6 @@ size_t hak_usable(const void* p);
 
 /* init.c */
 void hak_process_init(void);
-
-/* Every hakmem mutex is taken through these.  The fork handlers are
- * registered when the process first has a second thread (init.c), and
- * before that thread, or any other, holds a hakmem lock. */
-extern _Atomic int hak_fork_handlers_state; /* 2 once registered */
-void hak_fork_handlers_register(void);
-#if __has_include(<sys/single_threaded.h>)
-#include <sys/single_threaded.h>
-#define hak_single_threaded() (__libc_single_threaded != 0)
-#else
-#define hak_single_threaded() false
-#endif
-HAK_INLINE void hak_fork_guard(void) {
-  if (unlikely(atomic_load_explicit(&hak_fork_handlers_state, memory_order_acquire) != 2) && !hak_single_threaded())
-    hak_fork_handlers_register();
-}
-HAK_INLINE void hak_lock(pthread_mutex_t* m) {
-  hak_fork_guard();
-  pthread_mutex_lock(m);
-}
-HAK_INLINE int hak_trylock(pthread_mutex_t* m) {
-  hak_fork_guard();
-  return pthread_mutex_trylock(m);
-}
 
 /* secure.c (the secure build only) */
 void hak_secure_init(void);

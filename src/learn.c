@@ -25,7 +25,7 @@ static _Atomic uint32_t next_step_ms; /* read unlocked */
 static size_t seen_idle, seen_refaulted; /* the counters at the last decision */
 
 /* Held across fork (init.c). */
-void hak_learn_lock(void) { hak_lock(&learn_lock); }
+void hak_learn_lock(void) { pthread_mutex_lock(&learn_lock); }
 void hak_learn_unlock(void) { pthread_mutex_unlock(&learn_lock); }
 
 /* Clean units of seg are being taken for a page: those the delay gave back
@@ -72,7 +72,7 @@ static int32_t next_delay(int32_t delay, size_t idle, size_t refaulted) {
 
 void hak_learn_step(uint32_t now_ms) {
   if ((int32_t)(now_ms - atomic_load_explicit(&next_step_ms, memory_order_relaxed)) < 0) return;
-  if (hak_trylock(&learn_lock) != 0) return; /* another thread is deciding */
+  if (pthread_mutex_trylock(&learn_lock) != 0) return; /* another thread is deciding */
   int32_t delay = HAK_POLICY(purge_delay_ms);
   /* A window at least twice the delay: long enough to see the refaults of its purges. */
   uint32_t period = delay > HAK_LEARN_PERIOD_MS / 2 ? 2 * (uint32_t)delay : HAK_LEARN_PERIOD_MS;

@@ -199,12 +199,12 @@ static const hak_option_t* option_find(const char* name, size_t len) {
 }
 
 /* Held across fork (init.c), so that the child finds it free. */
-void hak_policy_lock(void) { hak_lock(&publish_lock); }
+void hak_policy_lock(void) { pthread_mutex_lock(&publish_lock); }
 void hak_policy_unlock(void) { pthread_mutex_unlock(&publish_lock); }
 
 /* Publishes a copy of the current snapshot with the field at offset set to value. */
 static void publish(size_t offset, int32_t value) {
-  hak_lock(&publish_lock);
+  pthread_mutex_lock(&publish_lock);
   const hak_policy_t* now = hak_policy();
   hak_policy_t* next = &snapshots[++snapshot_count % HAK_POLICY_RING];
   for (size_t i = 0; i < OPTION_COUNT; i++) {

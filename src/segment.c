@@ -86,7 +86,7 @@ void hak_segment_set_owner_tid(hak_segment_t* seg, uintptr_t tid, memory_order o
   }
 }
 
-void hak_segments_lock(void) { hak_lock(&segment_lock); }
+void hak_segments_lock(void) { pthread_mutex_lock(&segment_lock); }
 void hak_segments_unlock(void) { pthread_mutex_unlock(&segment_lock); }
 
 static hak_segment_t* segment_from_os(void) {
@@ -124,7 +124,7 @@ static bool segments_count(int delta) {
 }
 
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
-  hak_lock(&segment_lock);
+  pthread_mutex_lock(&segment_lock);
   hak_segment_t* seg = cache_dirty;
   bool dirty = seg != NULL;
   if (dirty) {
@@ -177,7 +177,7 @@ static void cache_clean_push(hak_segment_t* seg, uint32_t now_ms, int32_t delay)
     seg->unit_purged_ms[u] = waited && (dirty >> u & 1) ? now_ms | 1 : 0;
   if (waited && dirty != 0) hak_count(idle_purged_units, (size_t)hak_popcount(dirty));
   seg->dirty_units = 0;
-  hak_lock(&segment_lock);
+  pthread_mutex_lock(&segment_lock);
   seg->next = cache_clean;
   cache_clean = seg;
   pthread_mutex_unlock(&segment_lock);
@@ -202,7 +202,7 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
       !hak_purge_is_due(atomic_load_explicit(&cache_dirty_due_ms, memory_order_relaxed), now_ms, delay))
     return;
   hak_segment_t* purge = NULL;
-  hak_lock(&segment_lock);
+  pthread_mutex_lock(&segment_lock);
   size_t kept = 0, keep = segments_dirty_budget();
   if (all) /* a new start for the budget */
     atomic_store_explicit(&segments_used_peak, atomic_load_explicit(&segments_used, memory_order_relaxed),
@@ -235,14 +235,14 @@ void hak_segment_release(hak_segment_t* seg) {
   atomic_store_explicit(&seg->heap, NULL, memory_order_relaxed);
   uint32_t now = hak_now_ms();
   if (HAK_POLICY(purge_delay_ms) == 0) {
-    hak_lock(&segment_lock);
+    pthread_mutex_lock(&segment_lock);
     segments_count(-1);
     pthread_mutex_unlock(&segment_lock);
     cache_clean_push(seg, now, 0);
     return;
   }
   seg->unit_freed_ms[0] = now;
-  hak_lock(&segment_lock);
+  pthread_mutex_lock(&segment_lock);
   if (cache_dirty == NULL) atomic_store_explicit(&cache_dirty_due_ms, now, memory_order_relaxed);
   seg->next = cache_dirty;
   cache_dirty = seg;
@@ -256,7 +256,7 @@ void hak_segment_release(hak_segment_t* seg) {
  * carved.  Other threads may be changing the descriptors it reads: the
  * figures are a snapshot. */
 void hak_segments_usage(hak_usage_t* usage) {
-  hak_lock(&segment_lock);
+  pthread_mutex_lock(&segment_lock);
   for (size_t i = 0; i < registry_count; i++) {
     hak_segment_t* seg = registry[i];
     if (hak_segment_heap(seg) == NULL) {

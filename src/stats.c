@@ -159,7 +159,7 @@ HAK_API void hak_stats_get(hak_stats_t* out) {
   if (out == NULL) return;
   hak_process_init();
   gather(out);
-  hak_lock(&baseline_lock);
+  pthread_mutex_lock(&baseline_lock);
   if (!have_baseline) {
     pthread_mutex_unlock(&baseline_lock);
     return;
@@ -199,7 +199,7 @@ HAK_API void hak_stats_reset(void) {
   hak_process_init();
   hak_stats_t now;
   gather(&now);
-  hak_lock(&baseline_lock);
+  pthread_mutex_lock(&baseline_lock);
   hak_stats_baseline = now;
   have_baseline = true;
   pthread_mutex_unlock(&baseline_lock);

@@ -3,7 +3,7 @@
  * allocates, reallocates and frees blocks of every size, frees blocks that
  * the parent's threads allocated before the fork, starts a thread of its own,
  * sometimes forks again, and _exit(0)s.  The first fork comes before any
- * thread exists, when hakmem has no fork handlers yet.  A deadlock in a child (a lock held
+ * thread exists; the last phase keeps the huge-block lock busy.  A deadlock in a child (a lock held
  * across fork) is caught by an alarm in the child and a watchdog in the
  * parent, so it fails the test instead of hanging it. */
 #define _GNU_SOURCE
@@ -264,10 +264,9 @@ int main(void) {
   signal(SIGALRM, on_watchdog);
   alarm(PARENT_ALARM);
 
-  /* A fork while the process has one thread, so hakmem has registered no
-   * fork handlers yet.  The child frees blocks of every kind its parent
-   * allocated, starts a thread (its first: the handlers are registered
-   * then) and forks a grandchild. */
+  /* A fork while the process has one thread.  The child frees blocks of
+   * every kind its parent allocated, starts its first thread and forks a
+   * grandchild. */
   for (int s = 0; s < XS; s++) {
     size_t n = s % 8 == 7 ? (size_t)(s + 1) << 14 : (size_t)s * 61 + 16;
     unsigned char* p = make(n);
