@@ -3,9 +3,9 @@
  * allocates, reallocates and frees blocks of every size, frees blocks that
  * the parent's threads allocated before the fork, starts a thread of its own,
  * sometimes forks again, and _exit(0)s.  The first fork comes before any
- * thread exists; the last phase keeps the huge-block lock busy.  A deadlock in a child (a lock held
- * across fork) is caught by an alarm in the child and a watchdog in the
- * parent, so it fails the test instead of hanging it. */
+ * thread exists; the last phase keeps the huge-block lock busy.  A deadlock
+ * in a child (a lock held across fork) is caught by an alarm in the child
+ * and a watchdog in the parent, so it fails the test instead of hanging it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
