@@ -138,15 +138,26 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   bool more_than_ever = seg != NULL && segments_count(1);
   pthread_mutex_unlock(&segment_lock);
   if (seg == NULL) return NULL;
-  if (more_than_ever) hak_huge_purge_for_growth(); /* room for the segments' growth */
   /* A segment from the backed cache keeps its dirty units (still counted
    * committed, with their free times): the new owner reuses them first and
-   * purges them in its turn.  Another one's header is backed now; its units
-   * are counted as pages take them. */
+   * purges them in its turn; so do the units of one that takes a free huge
+   * granule's pages.  Another one's header is backed now; its units are
+   * counted as pages take them. */
   if (!dirty) {
-    hak_committed_add(HAK_SEG_HDR_SIZE);
-    seg->dirty_units = 0; /* unit_purged_ms: zero from the OS, else stamped as it was cached */
+    if (hak_huge_lend_pages(seg)) {
+      uint32_t now = hak_now_ms();
+      for (unsigned u = 1; u < HAK_UNITS; u++) {
+        seg->unit_freed_ms[u] = now;
+        seg->unit_purged_ms[u] = 0;
+      }
+      seg->dirty_units = HAK_SEG_ALL_FREE;
+      hak_committed_add(HAK_SEG_HDR_SIZE + ((size_t)(HAK_UNITS - 1) << HAK_UNIT_SHIFT));
+    } else {
+      seg->dirty_units = 0; /* unit_purged_ms: zero from the OS, else stamped as it was cached */
+      hak_committed_add(HAK_SEG_HDR_SIZE);
+    }
   }
+  if (more_than_ever) hak_huge_purge_for_growth(); /* room for the segments' growth */
   /* Its descriptors are all zero (hak_segment_set_owner_tid), whether its
    * header was purged or not. */
 #if HAK_DEBUG

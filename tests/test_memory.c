@@ -883,9 +883,11 @@ static void test_option_warnings(void) {
 /* Run alone (--growth), so that the segments' peak is this test's: a huge
  * block written and freed stays backed in the arena (its own peak allows
  * it), then the segments grow past the most they ever held by as much in
- * blocks of 512 KiB; the arena purges its granules down to what the peak of
- * committed memory, and an eighth, leaves (hak_huge_purge_for_growth), so
- * that the two are not resident at once. */
+ * blocks of 512 KiB.  The new segments take the pages of the arena's free
+ * granules (hak_huge_lend_pages: moved, not faulted in), and the arena
+ * purges the rest down to what the peak of committed memory, and an
+ * eighth, leaves (hak_huge_purge_for_growth), so that the two are not
+ * resident at once.  The blocks hold what they are written. */
 static void test_huge_dirty_growth(void) {
   const size_t big = 8 * MIB, part = 512 * 1024;
   enum { PARTS = 16 };
@@ -897,17 +899,38 @@ static void test_huge_dirty_growth(void) {
   free(h);
   hak_huge_arena_info(&reserved, &dirty, &free_bytes);
   CHECK(dirty >= big);
+  size_t moves = C(mremap_calls);
   void* parts[PARTS];
+  size_t part_faults[PARTS];
+  uintptr_t lent_to[PARTS]; /* the segments that took the granules' pages */
+  size_t lent = 0;
   for (int i = 0; i < PARTS; i++) {
+    size_t f = minor_faults(), m = C(mremap_calls);
     parts[i] = malloc(part);
     REQUIRE(parts[i] != NULL);
-    memset(parts[i], 2, part);
+    hak_pattern_fill(parts[i], part, (unsigned)i);
+    part_faults[i] = minor_faults() - f;
+    if (C(mremap_calls) != m) lent_to[lent++] = (uintptr_t)parts[i] & ~(uintptr_t)HAK_SEG_MASK;
+  }
+  CHECK(lent == C(mremap_calls) - moves);
+  if ((!HAK_SECURE || hak_os_guard_marks()) && kernel_moves_pages()) {
+    CHECK(lent >= 2);
+    /* The blocks in those segments faulted nothing in (but a page or two). */
+    size_t in_lent = 0;
+    for (int i = 0; i < PARTS; i++)
+      for (size_t k = 0; k < lent; k++)
+        if (((uintptr_t)parts[i] & ~(uintptr_t)HAK_SEG_MASK) == lent_to[k]) {
+          in_lent++;
+          CHECK(part_faults[i] <= 4);
+        }
+    CHECK(in_lent >= 2 * lent);
   }
   hak_huge_arena_info(&reserved, &dirty, &free_bytes);
   size_t now = C(committed_bytes) + C(huge_live_bytes), peak = C(budget_peak_bytes);
   CHECK(now >= PARTS * part);
   CHECK(dirty + now <= peak + peak / 8 + HAK_SEG_SIZE);
-  CHECK(dirty < big);
+  CHECK(dirty <= big - lent * HAK_SEG_SIZE);
+  for (int i = 0; i < PARTS; i++) CHECK(hak_pattern_check(parts[i], part, (unsigned)i) == part);
   for (int i = 0; i < PARTS; i++) free(parts[i]);
 }
 
