@@ -548,7 +548,7 @@ void hak_huge_purge_for_growth(void) {
  * the segments' new memory (sort -S 8M frees its 8 MiB buffer and allocates
  * its merge buffers at once: 11.4 MB of peak RSS against glibc's 9.8 MB).
  * The segment's units then read as what the block held.  The secure build
- * leaves a granule carrying guard pages where it is. */
+ * takes the first granule of the run that carries no guard page. */
 bool hak_huge_lend_pages(hak_segment_t* seg) {
   if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) || HAK_POLICY(purge_delay_ms) <= 0) return false;
   if (HAK_SECURE && !hak_os_guard_marks()) return false; /* mprotect guards split the mapping */
@@ -558,13 +558,11 @@ bool hak_huge_lend_pages(hak_segment_t* seg) {
   arena_chunk_t* from = arena_oldest_dirty(&at, &end);
   if (from != NULL) {
     unsigned g = at; /* (a block's last granule may hold a page or two of it) */
-    uint8_t* granule = from->base + (size_t)g * ARENA_GRANULE;
 #if HAK_SECURE
-    bool guarded = from->guard_head[g] != 0 || from->guard_tail[g];
-#else
-    bool guarded = false;
+    while (g < end && (from->guard_head[g] != 0 || from->guard_tail[g])) g++;
 #endif
-    if (!guarded && hak_os_move_pages(granule + HAK_UNIT_SIZE, (uint8_t*)seg + HAK_UNIT_SIZE, ARENA_GRANULE - HAK_UNIT_SIZE)) {
+    uint8_t* granule = from->base + (size_t)g * ARENA_GRANULE;
+    if (g < end && hak_os_move_pages(granule + HAK_UNIT_SIZE, (uint8_t*)seg + HAK_UNIT_SIZE, ARENA_GRANULE - HAK_UNIT_SIZE)) {
       if (!hak_os_purge(granule, HAK_UNIT_SIZE)) bits_put(from->unzeroed, g, 1, true);
       bits_put(from->dirty, g, 1, false);
       arena_dirty_sub(ARENA_GRANULE);
