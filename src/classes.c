@@ -46,14 +46,22 @@ static unsigned units_for(size_t bsize) {
 #define HAK_START_OFF_MAX_SIZE 256
 
 /* 16-256 B in steps of 16, then four classes a doubling up to 1 KiB (5/4,
- * 6/4, 7/4, 8/4 of the doubling's base) and five above, 9/8 added: a size a
- * little above a power of two (a 4 KiB page and its header, 1 KiB and a
- * pointer) is common, and lands at the bottom of the widest step. */
+ * 6/4, 7/4, 8/4 of the doubling's base) and five above: one a little above
+ * the power of two, then 5/4, 3/2, 7/4 and 2.  A size a little above a power
+ * of two (a buffer and its header, a 4 KiB page and its descriptor) is
+ * common, and would land at the bottom of the widest step.  Up to 8 KiB
+ * that class is 5/64 above (rounded down to 64 B: 1088, 2176, 4416, 8832),
+ * to take sqlite3's blocks of 1,032 and 4,368 bytes with little unused;
+ * above, 9/8 (18,432 ...): 5/64 there too raised the peak RSS of random
+ * 1-64 KiB blocks 3-5% (docs/BENCHMARKS.md). */
 static size_t class_size(unsigned c) {
-  static const uint8_t eighths[5] = {9, 10, 12, 14, 16};
+  static const uint8_t quarters[4] = {5, 6, 7, 8};
   if (c < 16) return 16u * (c + 1);
   if (c < 24) return (size_t)((c - 16) % 4 + 5) << ((c - 16) / 4 + 6);
-  return (size_t)eighths[(c - 24) % 5] << ((c - 24) / 5 + 7);
+  size_t base = (size_t)1024 << ((c - 24) / 5);
+  unsigned i = (c - 24) % 5;
+  if (i != 0) return base * quarters[i - 1] / 4;
+  return base <= 8192 ? base + (base * 5 / 64 & ~(size_t)63) : base * 9 / 8;
 }
 
 void hak_classes_init(void) {

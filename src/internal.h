@@ -79,10 +79,10 @@ void hak_heap_check(struct hak_heap_s* heap);
 #define HAK_ALIGN 16          /* every block is at least this aligned */
 
 /* Size classes: 16..256 bytes in steps of 16 (classes 0-15), then 4 classes
- * per doubling up to 1 KiB (16-23) and 5 above, to 128 KiB (24-58): 1152,
- * 1280, 1536, 1792, 2048, 2304...  A block above 256 bytes wastes at most
- * 1/5 of its size, one a little above a power of two past 1 KiB at most 1/9
- * (classes.c).  Fewer classes mean fewer half-used pages: measured against
+ * per doubling up to 1 KiB (16-23) and 5 above, to 128 KiB (24-58): 1088,
+ * 1280, 1536, 1792, 2048, 2176...  A block above 256 bytes wastes at most
+ * 1/5 of its size, one a little above a power of two past 1 KiB at most
+ * 1/9 (classes.c).  Fewer classes mean fewer half-used pages: measured against
  * 8 per doubling, the peak RSS of random 16-1024 B blocks on 8192 slots
  * falls 7%, of 1-64 KiB blocks 12% (docs/BENCHMARKS.md). */
 #define HAK_CLASS_STEP_MAX 256

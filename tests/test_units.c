@@ -31,6 +31,18 @@ static void test_size_classes(void) {
     if (n > HAK_CLASS_STEP_MAX && (bs - n) * 5 > bs) bad++;     /* waste at most 1/5 */
   }
   CHECK(bad == 0);
+  /* A size a little above a power of two (a buffer and its header) takes a
+   * class a little above it: up to 8 KiB, less than 5/64 of the power
+   * unused for a header of 8 bytes, and sqlite3's page-cache entry (a 4 KiB
+   * page and 272 bytes) loses 48; above, at most 1/8. */
+  for (size_t p = 1024; p <= HAK_CLASS_MAX_SIZE / 2; p *= 2) {
+    size_t bs = hak_class_size[hak_class_of(p + 8)];
+    if (p <= 8192)
+      CHECK(bs - (p + 8) < p * 5 / 64);
+    else
+      CHECK(bs - (p + 8) < p / 8);
+  }
+  CHECK(hak_class_size[hak_class_of(4368)] - 4368 == 48);
   /* The small classes whose blocks fill their pages start them apart (no
    * two of the 16, 32 and 64-byte classes' first blocks 4K-alias), each at a
    * multiple of its alignment, and lose at most 512 bytes a page to it. */
