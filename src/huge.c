@@ -540,38 +540,47 @@ void hak_huge_purge_for_growth(void) {
   pthread_mutex_unlock(&huge_lock);
 }
 
-/* A segment about to take memory never backed, while the arena holds
- * granules backed and free, takes instead the pages of the one freed
- * longest ago, over its units 1-31 (one mremap: no page is faulted in or
- * copied), and the rest of that granule is purged.  Otherwise both would be
- * resident: the memory a huge block gave back, waiting for its delay, and
- * the segments' new memory (sort -S 8M frees its 8 MiB buffer and allocates
- * its merge buffers at once: 11.4 MB of peak RSS against glibc's 9.8 MB).
- * The segment's units then read as what the block held.  The secure build
- * takes the first granule of the run that carries no guard page. */
-bool hak_huge_lend_pages(hak_segment_t* seg) {
-  if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) || HAK_POLICY(purge_delay_ms) <= 0) return false;
-  if (HAK_SECURE && !hak_os_guard_marks()) return false; /* mprotect guards split the mapping */
-  bool moved = false;
+/* A new segment, while the arena holds granules backed and free and no
+ * block (where huge blocks still come and go, it reuses its granules
+ * itself: taking them cost big 3.7% more faults and 1 MiB of peak RSS): the
+ * one freed longest ago (the first of its run: a block's last granule may
+ * hold only a page of it) leaves the arena for good and becomes the segment,
+ * pages and all, its header cleared and the rest of its unit 0 purged (in
+ * the secure build, guarded).  Otherwise both would be resident: the memory
+ * a huge block gave back, waiting for its delay, and the segments' new
+ * memory (sort -S 8M frees its 8 MiB buffer and allocates its merge buffers
+ * at once: 11.4 MB of peak RSS against glibc's 9.8 MB).  Taken in place, not
+ * moved into a segment carved elsewhere: a move split that segment's kernel
+ * mapping for good, two more mappings a segment, and its huge page.  The
+ * segment's units read as what the block held.  The secure build takes the
+ * first granule of the run that carries no guard page.  NULL if none. */
+hak_segment_t* hak_huge_take_granule(void) {
+  if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) || HAK_POLICY(purge_delay_ms) <= 0) return NULL;
+  if (HAK_SECURE && !hak_os_guard_marks()) return NULL; /* an mprotect guard splits the chunk's mapping */
+  hak_segment_t* seg = NULL;
   pthread_mutex_lock(&huge_lock);
   unsigned at, end;
-  arena_chunk_t* from = arena_oldest_dirty(&at, &end);
+  arena_chunk_t* from = arena_used == 0 ? arena_oldest_dirty(&at, &end) : NULL;
   if (from != NULL) {
-    unsigned g = at; /* (a block's last granule may hold a page or two of it) */
+    unsigned g = at;
 #if HAK_SECURE
     while (g < end && (from->guard_head[g] != 0 || from->guard_tail[g])) g++;
 #endif
     uint8_t* granule = from->base + (size_t)g * ARENA_GRANULE;
-    if (g < end && hak_os_move_pages(granule + HAK_UNIT_SIZE, (uint8_t*)seg + HAK_UNIT_SIZE, ARENA_GRANULE - HAK_UNIT_SIZE)) {
-      if (!hak_os_purge(granule, HAK_UNIT_SIZE)) bits_put(from->unzeroed, g, 1, true);
+    bool unit0 = g < end && (HAK_SECURE ? hak_os_guard_mark(granule + HAK_SEG_HDR_SIZE, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE)
+                                       : (hak_os_purge(granule + HAK_SEG_HDR_SIZE, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE), true));
+    if (unit0) {
+      bits_put(from->free, g, 1, false);
       bits_put(from->dirty, g, 1, false);
+      from->free_count--;
       arena_dirty_sub(ARENA_GRANULE);
       arena_note_oldest();
-      moved = true;
+      memset(granule, 0, HAK_SEG_HDR_SIZE);
+      seg = (hak_segment_t*)granule;
     }
   }
   pthread_mutex_unlock(&huge_lock);
-  return moved;
+  return seg;
 }
 
 void hak_huge_purge_if_due(uint32_t now_ms) {

@@ -143,7 +143,7 @@ void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed) {
 }
 
 #ifndef MREMAP_DONTUNMAP
-#define MREMAP_DONTUNMAP 4 /* Linux 5.7; for private anonymous memory, 5.13 */
+#define MREMAP_DONTUNMAP 4 /* Linux 5.7 (private anonymous memory; others from 5.13) */
 #endif
 
 /* Moves the pages of [from, from + size) onto to, whose own pages they

@@ -48,16 +48,21 @@ static hak_segment_t* registry_first[HAK_REGISTRY_FIRST];
 static hak_segment_t** registry = registry_first;
 static size_t registry_count, registry_cap = HAK_REGISTRY_FIRST;
 
+/* Room in the registry for one more segment; false if it cannot grow. */
+static bool registry_room(void) {
+  if (registry_count < registry_cap) return true;
+  size_t cap = registry_cap < 4096 ? 4096 : registry_cap * 2;
+  hak_segment_t** grown = hak_os_map(cap * sizeof *grown);
+  if (grown == NULL) return false;
+  for (size_t i = 0; i < registry_count; i++) grown[i] = registry[i];
+  if (registry != registry_first) hak_os_unmap(registry, registry_cap * sizeof *registry);
+  registry = grown;
+  registry_cap = cap;
+  return true;
+}
+
 static bool registry_add(hak_segment_t* seg) {
-  if (registry_count == registry_cap) {
-    size_t cap = registry_cap < 4096 ? 4096 : registry_cap * 2;
-    hak_segment_t** grown = hak_os_map(cap * sizeof *grown);
-    if (grown == NULL) return false;
-    for (size_t i = 0; i < registry_count; i++) grown[i] = registry[i];
-    if (registry != registry_first) hak_os_unmap(registry, registry_cap * sizeof *registry);
-    registry = grown;
-    registry_cap = cap;
-  }
+  if (!registry_room()) return false;
   registry[registry_count++] = seg;
   return true;
 }
@@ -126,12 +131,14 @@ static bool segments_count(int delta) {
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   pthread_mutex_lock(&segment_lock);
   hak_segment_t* seg = cache_dirty;
-  bool dirty = seg != NULL;
+  bool dirty = seg != NULL, taken = false;
   if (dirty) {
     cache_dirty = seg->next;
     cache_dirty_count--;
   } else if ((seg = cache_clean) != NULL) {
     cache_clean = seg->next;
+  } else if (registry_room() && (seg = hak_huge_take_granule()) != NULL) {
+    taken = registry_add(seg); /* (room made) */
   } else {
     seg = segment_from_os();
   }
@@ -140,11 +147,11 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
   if (seg == NULL) return NULL;
   /* A segment from the backed cache keeps its dirty units (still counted
    * committed, with their free times): the new owner reuses them first and
-   * purges them in its turn; so do the units of one that takes a free huge
-   * granule's pages.  Another one's header is backed now; its units are
-   * counted as pages take them. */
+   * purges them in its turn; so do the units of a free huge granule taken.
+   * Another one's header is backed now; its units are counted as pages
+   * take them. */
   if (!dirty) {
-    if (hak_huge_lend_pages(seg)) {
+    if (taken) {
       uint32_t now = hak_now_ms();
       for (unsigned u = 1; u < HAK_UNITS; u++) {
         seg->unit_freed_ms[u] = now;
