@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "internal.h"
 
@@ -557,6 +558,10 @@ void hak_huge_purge_for_growth(void) {
 hak_segment_t* hak_huge_take_granule(void) {
   if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) || HAK_POLICY(purge_delay_ms) <= 0) return NULL;
   if (HAK_SECURE && !hak_os_guard_marks()) return NULL; /* an mprotect guard splits the chunk's mapping */
+  /* A taken granule keeps its chunk mapped for good: not under a limit of
+   * address space, where malloc_trim and a refused mapping unmap chunks. */
+  struct rlimit as;
+  if (getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur != RLIM_INFINITY) return NULL;
   hak_segment_t* seg = NULL;
   pthread_mutex_lock(&huge_lock);
   unsigned at, end;
@@ -575,6 +580,7 @@ hak_segment_t* hak_huge_take_granule(void) {
       from->free_count--;
       arena_dirty_sub(ARENA_GRANULE);
       arena_note_oldest();
+      HAK_VG_UNDEFINED(granule, ARENA_GRANULE); /* (perhaps inside a block freed before) */
       memset(granule, 0, HAK_SEG_HDR_SIZE);
       seg = (hak_segment_t*)granule;
     }
