@@ -572,9 +572,13 @@ hak_segment_t* hak_huge_take_granule(void) {
     while (g < end && (from->guard_head[g] != 0 || from->guard_tail[g])) g++;
 #endif
     uint8_t* granule = from->base + (size_t)g * ARENA_GRANULE;
-    bool unit0 = g < end && (HAK_SECURE ? hak_os_guard_mark(granule + HAK_SEG_HDR_SIZE, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE)
-                                       : (hak_os_purge(granule + HAK_SEG_HDR_SIZE, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE), true));
-    if (unit0) {
+    uint8_t* after_header = granule + HAK_SEG_HDR_SIZE; /* the rest of unit 0, no page's */
+    bool ready = g < end;
+    if (ready && HAK_SECURE)
+      ready = hak_os_guard_mark(after_header, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE);
+    else if (ready)
+      hak_os_purge(after_header, HAK_UNIT_SIZE - HAK_SEG_HDR_SIZE);
+    if (ready) {
       bits_put(from->free, g, 1, false);
       bits_put(from->dirty, g, 1, false);
       from->free_count--;
