@@ -54,8 +54,10 @@ static void fork_prepare(void) {
   hak_heaps_lock();
   hak_segments_lock();
   hak_huge_lock();
+  hak_stats_lock(); /* a leaf: nothing is taken under it */
 }
 static void fork_parent(void) {
+  hak_stats_unlock();
   hak_huge_unlock();
   hak_segments_unlock();
   hak_heaps_unlock();
@@ -65,6 +67,7 @@ static void fork_parent(void) {
 }
 static void fork_child(void) {
   hak_segments_fork_child(hak_tls_heap);
+  hak_stats_unlock();
   hak_huge_unlock();
   hak_segments_unlock();
   hak_heaps_unlock();

@@ -350,6 +350,8 @@ void hak_learn_step(uint32_t now_ms);
 void hak_learn_note_reuse(hak_segment_t* seg, uint32_t clean_units);
 void hak_learn_lock(void);
 void hak_learn_unlock(void);
+void hak_stats_lock(void);
+void hak_stats_unlock(void);
 
 /* ---- globals ------------------------------------------------------------ */
 

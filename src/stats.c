@@ -21,6 +21,12 @@ HAK_BSS_LAST hak_stats_t hak_stats_baseline;
 static bool have_baseline;
 static pthread_mutex_t baseline_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Held across fork (init.c): a child whose parent forked while another
+ * thread was in hak_stats_get or hak_stats_reset (malloc_info, malloc_stats)
+ * would wait on it forever.  Nothing is taken under it. */
+void hak_stats_lock(void) { pthread_mutex_lock(&baseline_lock); }
+void hak_stats_unlock(void) { pthread_mutex_unlock(&baseline_lock); }
+
 #define LOAD(f) atomic_load_explicit(&hak_counters.f, memory_order_relaxed)
 
 /* Committed memory: the segments' share is counted here as units are taken
