@@ -120,12 +120,24 @@ static void test_shortens(void) {
 static void test_followed(void) {
   long d = delay_now();
   REQUIRE(d <= 40);
-  light(3.0 * (double)d); /* what earlier bursts left is purged first */
-  size_t before = idle_purged();
-  burst();
-  light(2.0 * (double)d + 10);
-  size_t purged = idle_purged() - before;
-  printf("  followed: %zu KiB given back within %ld ms at a delay of %ld ms\n", purged >> 10, 2 * d + 10, d);
+  size_t purged = 0;
+  double waited_ms = 0;
+  /* Measured again if this machine stalled the test past the old delay: the
+   * last page event then came too late to tell the new delay from the old. */
+  for (int attempt = 0; attempt < 4; attempt++) {
+    light(3.0 * (double)d); /* what earlier bursts left is purged first */
+    size_t before = idle_purged();
+    burst();
+    double freed_s = now_s();
+    light(2.0 * (double)d + 10);
+    /* A page event at the end, whatever a stall did to light's last ones
+     * (it may have made none after the memory came due). */
+    hak_free(hak_malloc(BLOCK));
+    purged = idle_purged() - before;
+    waited_ms = (now_s() - freed_s) * 1000.0;
+    if (waited_ms < 100.0) break;
+  }
+  printf("  followed: %zu KiB given back within %.0f ms at a delay of %ld ms\n", purged >> 10, waited_ms, d);
   CHECK(purged >= (size_t)4 << 20);
 }
 

@@ -131,6 +131,7 @@ static void test_purge_delay(void) {
   uint32_t freed_ms = hak_now_ms();
   free_all(blocks, n);
   size_t at_once = C(purged_bytes) - purged0;
+  uint32_t took_ms = hak_now_ms() - freed_ms;
   if (delay == 0) CHECK(at_once >= freed - 4 * MIB);
   if (delay < 0) CHECK(at_once == 0);
   if (delay > 0) {
@@ -142,7 +143,9 @@ static void test_purge_delay(void) {
     keep <<= HAK_UNIT_SHIFT;
     CHECK(keep < freed); /* (so that some are purged at once) */
     CHECK(at_once + keep + 5 * MIB >= freed);
-    CHECK(at_once + keep <= freed);
+    /* No more, unless the frees took the delay (this machine stalled): the
+     * units freed first then came due and a later event purged them by age. */
+    if (took_ms < (uint32_t)delay) CHECK(at_once + keep <= freed);
     page_event();
     if (hak_now_ms() - freed_ms < (uint32_t)delay / 2) /* (unless this machine stalled) */
       CHECK(C(purged_bytes) - purged0 - at_once < 2 * MIB); /* not yet due */
@@ -173,10 +176,11 @@ static void test_segments_kept(void) {
   uint32_t freed_ms = hak_now_ms();
   free_all(p, N);
   size_t at_once = C(purged_bytes) - purged0;
+  uint32_t took_ms = hak_now_ms() - freed_ms;
   if (delay < 0) CHECK(at_once == 0);
   if (delay == 0) CHECK(at_once >= (N - 2) * MIB);
   if (delay > 0) {
-    CHECK(at_once == 0);
+    if (took_ms < (uint32_t)delay) CHECK(at_once == 0); /* (unless this machine stalled past the delay) */
     size_t faults = minor_faults();
     for (int i = 0; i < N; i++) {
       REQUIRE((p[i] = malloc(size)) != NULL);
