@@ -16,7 +16,7 @@
 static void check_page(hak_heap_t* heap, const hak_page_t* page) {
   hak_segment_t* seg = hak_segment_of(page);
   CHECK(hak_segment_heap(seg) == heap, "page in a queue of a heap that does not own its segment");
-  CHECK(page->units > 0 && seg->unit_page_off[page->index] == page->index * sizeof(hak_page_t), "queued descriptor is not a page head");
+  CHECK(page->units > 0 && page->head_off == 0, "queued descriptor is not a page head");
   CHECK(&seg->pages[page->index] == page, "page index");
   CHECK((seg->free_units & hak_unit_mask(page->index, page->units)) == 0, "page on free units");
   CHECK(hak_page_used(page) <= page->capacity && page->capacity <= page->reserved, "page counts");

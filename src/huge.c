@@ -759,8 +759,7 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   hak_segment_t* seg = (hak_segment_t*)base;
   HAK_VG_UNDEFINED(seg, HAK_SEG_HDR_SIZE); /* perhaps inside a block freed before */
   memset(seg, 0, 64); /* the header's first line: whatever was here before */
-  memset(seg->unit_page_off, 0, sizeof seg->unit_page_off); /* free's fast path reads them: no page, no owner */
-  memset(seg->pages, 0, sizeof seg->pages);
+  memset(seg->pages, 0, sizeof seg->pages); /* free's fast path reads them: no page, no owner */
   seg->kind = HAK_SEG_HUGE;
   seg->map_size = total;
   seg->huge_off = (uint32_t)off;

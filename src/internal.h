@@ -148,6 +148,7 @@ typedef struct hak_page_s {
                              + HAK_USED_PINNED while current (hak_heap_use_page) */
   uint8_t in_full;        /* found with no free block: in no queue, div_magic 0 */
   uint8_t has_aligned;    /* holds blocks handed out at an inner aligned address */
+  uint16_t head_off;      /* bytes back to the head descriptor of a multi-unit page */
   uint32_t block_size;
   uint16_t capacity;      /* blocks carved so far */
   uint16_t reserved;      /* blocks that fit (at most 4096: 16-byte blocks in a unit) */
@@ -207,13 +208,6 @@ struct hak_segment_s {
                                   not a pointer: memcheck would see the block reachable) */
   uint32_t huge_guard_page;    /* huge, secure build: the guard page after the block */
   uint32_t free_count;         /* free units (counted as free_units changes) */
-  /* Unit -> the offset in pages[] of the descriptor of the page it lies in
-   * (its head unit's); 0 for a unit in no page (unit 0's descriptor, which
-   * stays zero).  One line for the whole segment, which free reads on its
-   * way to the page's descriptor: the descriptors of a multi-unit page's
-   * other units are never read.  (Offsets in bytes, not indexes: free needs
-   * no shift.) */
-  _Alignas(64) uint16_t unit_page_off[HAK_UNITS];
   _Alignas(64) hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
   uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
@@ -300,7 +294,7 @@ enum { HAK_HEAP_EMPTY = 0, HAK_HEAP_DEAD = 1, HAK_HEAP_THREAD = 2, HAK_HEAP_GLOB
 
 _Static_assert(sizeof(hak_page_t) == 64, "page descriptors are 64 bytes");
 _Static_assert(sizeof(hak_segment_t) <= HAK_SEG_HDR_SIZE, "segment header fits its page");
-_Static_assert(offsetof(hak_segment_t, pages) % 64 == 0, "descriptors are cache-line aligned");
+_Static_assert(offsetof(hak_segment_t, pages) == 64, "descriptors are cache-line aligned");
 
 /* ---- configuration (policy.c) ------------------------------------------- */
 
@@ -601,12 +595,13 @@ HAK_INLINE hak_segment_t* hak_segment_lookup(const void* p) {
   return NULL;
 }
 
-/* The page holding p: the descriptor of the head unit of p's unit.  Unit 0
- * holds the header and never a page: its descriptor stays zero, and so is
- * that of any unit in no page found. */
+/* The page holding p: the descriptor of p's unit (index * 64 straight from the
+ * address bits), then back to the head of a multi-unit page.  Unit 0 holds the
+ * header and never a page: its descriptor stays zero. */
 HAK_INLINE hak_page_t* hak_page_of(hak_segment_t* seg, const void* p) {
-  unsigned u = (unsigned)((uintptr_t)p >> HAK_UNIT_SHIFT) & (HAK_UNITS - 1);
-  return (hak_page_t*)((uint8_t*)seg->pages + seg->unit_page_off[u]);
+  uintptr_t off = ((uintptr_t)p >> (HAK_UNIT_SHIFT - 6)) & ((HAK_UNITS - 1) << 6);
+  hak_page_t* pg = (hak_page_t*)((uint8_t*)seg->pages + off);
+  return (hak_page_t*)((uint8_t*)pg - pg->head_off);
 }
 
 /* A thread's id: its thread pointer, one instruction away, unique among the

@@ -52,9 +52,9 @@ void hak_page_extend(hak_page_t* page) {
   page->capacity += n;
 }
 
-/* Points units idx+from .. idx+to-1 at the page's descriptor, unit idx's. */
+/* Points the descriptors of units idx+from .. idx+to-1 back at the page's head. */
 static void link_units(hak_segment_t* seg, unsigned idx, unsigned from, unsigned to) {
-  for (unsigned j = from; j < to; j++) seg->unit_page_off[idx + j] = (uint16_t)(idx * sizeof(hak_page_t));
+  for (unsigned j = from; j < to; j++) seg->pages[idx + j].head_off = (uint16_t)(j * sizeof(hak_page_t));
 }
 
 /* Formats the n units at seg->pages[idx] as a page of class cls (or one
@@ -62,9 +62,10 @@ static void link_units(hak_segment_t* seg, unsigned idx, unsigned from, unsigned
 static void page_format(hak_page_t* page, unsigned cls) {
   hak_segment_t* seg = hak_segment_of(page);
   unsigned idx = page->index, n = page->units;
-  link_units(seg, idx, 0, n);
+  link_units(seg, idx, 1, n);
   uint8_t* start = (uint8_t*)seg + ((size_t)idx << HAK_UNIT_SHIFT);
   uint8_t* end = start + ((size_t)n << HAK_UNIT_SHIFT);
+  page->head_off = 0;
   page->in_full = 0;
   page->has_aligned = 0;
   page->home = 0;
@@ -379,7 +380,6 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
   bool was_full = seg->free_units == 0, large = page->cls == HAK_CLASS_LARGE;
   hak_stat_add(heap->stats.retires[hak_stat_class(page)], 1);
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
-  memset(&seg->unit_page_off[idx], 0, n * sizeof seg->unit_page_off[0]);
   hak_segment_give_units(seg, idx, n);
   seg->dirty_units |= hak_unit_mask(idx, n);
   for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = freed_ms;
