@@ -18,6 +18,13 @@ static void check_page(hak_heap_t* heap, const hak_page_t* page) {
   CHECK(hak_segment_heap(seg) == heap, "page in a queue of a heap that does not own its segment");
   CHECK(page->units > 0 && page->head_off == 0, "queued descriptor is not a page head");
   CHECK(&seg->pages[page->index] == page, "page index");
+  /* Its other units' descriptors lead back to it (hak_page_of) and hold nothing else. */
+  for (unsigned j = 1; j < page->units; j++) {
+    const hak_page_t* tail = &seg->pages[page->index + j];
+    CHECK(tail->head_off == j * sizeof(hak_page_t), "a unit of a page does not lead back to it");
+    CHECK(tail->units == 0 && tail->div_magic == 0 && atomic_load_explicit(&tail->owner_tid, memory_order_relaxed) == 0,
+          "a page's tail descriptor is not blank");
+  }
   CHECK((seg->free_units & hak_unit_mask(page->index, page->units)) == 0, "page on free units");
   CHECK(hak_page_used(page) <= page->capacity && page->capacity <= page->reserved, "page counts");
   if (page->cls != HAK_CLASS_LARGE) {
