@@ -11,7 +11,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
