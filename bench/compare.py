@@ -144,6 +144,8 @@ CONFIGS = [
            what="larson, 8 chains (oversubscribed)"),
     Config("xthread", "xthread", ["--pairs", "1"], threads=2, ops_per_iter=2, units=1,
            what="producer/consumer, every free remote, 16-1024 B"),
+    Config("xthread-8t", "xthread", ["--pairs", "4"], threads=8, ops_per_iter=2, units=4,
+           what="xthread, 4 pairs (8 threads, oversubscribed)"),
     Config("realloc-1m", "realloc_growth", ["--max", "1M"],
            ops_per_iter=realloc_calls(16, 1 << 20), what="realloc x1.5 from 16 B to 1 MiB"),
     Config("realloc-64k", "realloc_growth", ["--max", "64k"],

@@ -104,6 +104,7 @@ HAK_INLINE void* heap_pop(hak_heap_t* heap, hak_page_t* page) {
 
 static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
+  if (heap->outbox_count != 0) hak_remote_flush(heap);
   hak_page_queue_t* q = &heap->queue[cls];
   hak_page_t* page = q->first;
   if (page != NULL && page->free == hak_list_end(page) && page->capacity == page->reserved && page->next != NULL) {
@@ -253,12 +254,12 @@ void* hak_alloc_on_dead_thread(size_t size) {
 /* A block of another thread's heap goes on that heap's remote list. */
 static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t* b) {
   hak_block_in(page, b);
-#if HAK_OBSERVE
   hak_heap_t* self = hak_tls_heap;
+#if HAK_OBSERVE
   if (self->kind == HAK_HEAP_THREAD) HAK_OBSERVE_ADD(self->stats.free_remote[hak_stat_class(page)]);
 #endif
   hak_block_tag(page, b); /* (its link crosses segments: the freed tag marks it) */
-  hak_remote_push(owner, b);
+  hak_remote_free(self, owner, page, b);
 }
 
 /* Heaps follow their blocks where threads hand blocks on to the next thread,
@@ -561,6 +562,7 @@ static void abandoned_collect(void) {
  * the heap where the next thread (or a live one short of memory) takes it. */
 void hak_thread_heap_done(hak_heap_t* heap) {
   if (heap->kind != HAK_HEAP_THREAD) return;
+  hak_remote_flush(heap);
   global_heap_collect();
   abandoned_collect();
   heap_trim_abandoned(heap, false);
@@ -641,6 +643,7 @@ static HAK_NOINLINE bool heap_absorb_heir(hak_heap_t* heap) {
 
 /* Moves an abandoned heap, out of the pool, into the live heap. */
 static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
+  hak_remote_flush(heap); /* its frees of from's blocks reach from's list, collected below */
   hak_segments_move(heap, from);
   if (from->dirty_units != 0) { /* its free units not purged yet come along */
     hak_heap_purge_by(heap, from->purge_due_ms);
@@ -687,6 +690,7 @@ bool hak_trim(void) {
   uint32_t now = hak_now_ms();
   hak_heap_t* heap = hak_tls_heap;
   if (heap->kind == HAK_HEAP_THREAD) {
+    hak_remote_flush(heap);
     if (hak_remote_pending(heap)) hak_remote_collect(heap);
     for (unsigned c = 0; c < HAK_CLASSES; c++) {
       hak_page_t* page = heap->current[c];

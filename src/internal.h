@@ -108,6 +108,9 @@ void hak_heap_check(struct hak_heap_s* heap);
 /* A class whose pages hold at most this many blocks keeps an emptied page as
  * its spare (heap.c, heap_keep_empty). */
 #define HAK_SPARE_BLOCKS_MAX 16
+/* Remote frees (of blocks up to HAK_SMALL_MAX) a thread batches for one owner
+ * before pushing them (remote.c). */
+#define HAK_OUTBOX_MAX 32
 /* Free units a heap keeps backed at most, waiting for the purge delay: half
  * the units of its segments, and at least this many (16 MiB);
  * beyond, the oldest are purged. */
@@ -276,6 +279,12 @@ struct hak_heap_s {
   uintptr_t realloc_last;               /* ~address of the block the last growing realloc moved to
                                            (inverted: no pointer for memcheck to see a leak through) */
   uint32_t homes;                       /* live one-unit realloc homes (HAK_REALLOC_HOMES) */
+  /* Its thread's frees of another heap's blocks wait here, chained, while
+   * they go to one heap, and leave with one atomic push (remote.c). */
+  hak_heap_t* outbox_to;
+  hak_block_t* outbox_first;
+  hak_block_t* outbox_last;
+  uint32_t outbox_count;
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   char pad_[64 - sizeof(void*)];
@@ -891,6 +900,8 @@ void hak_thread_register(hak_heap_t* heap);
 
 /* remote.c */
 void hak_remote_push(hak_heap_t* heap, hak_block_t* b);
+void hak_remote_free(hak_heap_t* self, hak_heap_t* owner, const hak_page_t* page, hak_block_t* b);
+void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
 HAK_INLINE bool hak_remote_pending(hak_heap_t* heap) {

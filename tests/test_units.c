@@ -215,6 +215,92 @@ static void test_remote_free(void) {
   CHECK(page->used < used_before);
 }
 
+/* A thread's remote frees of small blocks wait in its outbox while they go to
+ * one heap: they reach the owner when HAK_OUTBOX_MAX are there, when a block
+ * of another heap is freed, on the thread's refill, and at its exit. */
+enum { OUTBOX_FEW = 5, OUTBOX_ALL = HAK_OUTBOX_MAX + 2 * OUTBOX_FEW };
+static void* outbox_mine[OUTBOX_ALL];
+static void* outbox_other;
+static void* outbox_big; /* above HAK_SMALL_MAX: never waits */
+static hak_heap_t* outbox_other_heap;
+static pthread_barrier_t outbox_step, outbox_other_ready, outbox_other_done;
+
+static size_t remote_length(hak_heap_t* heap) {
+  size_t n = 0;
+  for (hak_block_t* b = atomic_load(&heap->remote); b != NULL; b = hak_block_next_remote(b)) n++;
+  return n;
+}
+
+/* Each step ends at a barrier where the main thread checks the lists. */
+static void outbox_step_done(void) {
+  pthread_barrier_wait(&outbox_step);
+  pthread_barrier_wait(&outbox_step);
+}
+
+static void* outbox_freer(void* arg) {
+  (void)arg;
+  for (int i = 0; i < OUTBOX_FEW; i++) hak_free(outbox_mine[i]);
+  hak_free(outbox_big);
+  outbox_step_done(); /* 1: they wait in the outbox, the big block went */
+  hak_free(outbox_other);
+  outbox_step_done(); /* 2: a block of another heap sent them */
+  void* own = hak_malloc(100);
+  outbox_step_done(); /* 3: a refill sent the other heap's one */
+  for (int i = OUTBOX_FEW; i < OUTBOX_FEW + HAK_OUTBOX_MAX; i++) hak_free(outbox_mine[i]);
+  outbox_step_done(); /* 4: a full outbox went at once */
+  for (int i = OUTBOX_FEW + HAK_OUTBOX_MAX; i < OUTBOX_ALL; i++) hak_free(outbox_mine[i]);
+  hak_free(own);
+  return NULL; /* 5: the rest go at its exit */
+}
+
+static void* outbox_owner(void* arg) {
+  (void)arg;
+  outbox_other = hak_malloc(48);
+  outbox_other_heap = hak_tls_heap;
+  pthread_barrier_wait(&outbox_other_ready);
+  pthread_barrier_wait(&outbox_other_done); /* alive, so that its heap stays its own */
+  return NULL;
+}
+
+static void outbox_check(size_t mine, size_t other) {
+  pthread_barrier_wait(&outbox_step);
+  CHECK(remote_length(hak_tls_heap) == mine);
+  CHECK(remote_length(outbox_other_heap) == other);
+  pthread_barrier_wait(&outbox_step);
+}
+
+static void test_remote_outbox(void) {
+  hak_heap_t* heap = hak_tls_heap;
+  hak_remote_collect(heap);
+  for (int i = 0; i < OUTBOX_ALL; i++) REQUIRE((outbox_mine[i] = hak_malloc(48)) != NULL);
+  REQUIRE((outbox_big = hak_malloc(HAK_SMALL_MAX + 1000)) != NULL);
+  pthread_t owner, freer;
+  REQUIRE(pthread_barrier_init(&outbox_step, NULL, 2) == 0);
+  REQUIRE(pthread_barrier_init(&outbox_other_ready, NULL, 2) == 0);
+  REQUIRE(pthread_barrier_init(&outbox_other_done, NULL, 2) == 0);
+  REQUIRE(pthread_create(&owner, NULL, outbox_owner, NULL) == 0);
+  pthread_barrier_wait(&outbox_other_ready);
+  REQUIRE(pthread_create(&freer, NULL, outbox_freer, NULL) == 0);
+  outbox_check(1, 0);
+  outbox_check(1 + OUTBOX_FEW, 0);
+  outbox_check(1 + OUTBOX_FEW, 1);
+  outbox_check(1 + OUTBOX_FEW + HAK_OUTBOX_MAX, 1);
+  pthread_join(freer, NULL);
+  CHECK(remote_length(heap) == 1 + OUTBOX_ALL);
+  pthread_barrier_wait(&outbox_other_done);
+  pthread_join(owner, NULL);
+  hak_page_t* page = hak_page_of(hak_segment_of(outbox_mine[0]), outbox_mine[0]);
+  uint32_t used = page->used, in_page = 0;
+  for (int i = 0; i < OUTBOX_ALL; i++)
+    in_page += hak_page_of(hak_segment_of(outbox_mine[i]), outbox_mine[i]) == page;
+  hak_remote_collect(heap);
+  CHECK(remote_length(heap) == 0);
+  CHECK(page->used == used - in_page);
+  pthread_barrier_destroy(&outbox_step);
+  pthread_barrier_destroy(&outbox_other_ready);
+  pthread_barrier_destroy(&outbox_other_done);
+}
+
 /* ---- abandonment ------------------------------------------------------------ */
 
 static void* leaver_heap;
@@ -352,6 +438,7 @@ int main(void) {
   test_block_start_check();
   test_unit_runs();
   test_remote_free();
+  test_remote_outbox();
   test_abandon_adopt();
   test_absorb_after_delay();
   test_huge_cache_and_remap();
