@@ -27,6 +27,12 @@
  *    defines one, else to glibc's (which only trims glibc's own heap):
  *    trim_from names the object (dlsym + dladdr, as malloc_from).
  *
+ * With --handoff 1, phase 1 runs in another thread, which then waits, alive,
+ * without allocating, until the program ends; the main thread does the rest.
+ * Its frees are then all of another thread's blocks, and that thread's heap
+ * (in allocators that have one per thread) is never used again: a producer
+ * that has handed over its work, a main thread once its workers run.
+ *
  * RSS is read with open/read on /proc/self/statm (no stdio, so reading it
  * allocates nothing).  It includes the program and its libraries (base_kib,
  * read before phase 1, shows how much) and, at the peak, the pointer array
@@ -44,6 +50,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,11 +107,12 @@ static void sym_from(const char *sym, char *out, size_t outlen)
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: rss_phase [--bytes N] [--light S] [--seed N] [--small-pct P]\n"
+        "usage: rss_phase [--bytes N] [--light S] [--seed N] [--small-pct P] [--handoff 1]\n"
         "  --bytes N      allocate N bytes, then free them all (default 1G; k/M/G = 1024^n)\n"
         "  --light S      seconds of light work after the frees (default 2)\n"
         "  --seed N       random seed (default 1)\n"
         "  --small-pct P  share of the bytes in small blocks, 0-100 (default 50)\n"
+        "  --handoff 1    another thread allocates, then waits without allocating\n"
         "  small blocks: %d-%d B; mid blocks: %d-%d B\n",
         SMALL_MIN, SMALL_MAX, MID_MIN, MID_MAX);
 }
@@ -122,10 +130,86 @@ static void sleep_until(double t)
     }
 }
 
+/* Phase 1: what it allocated, for the main thread to free. */
+struct alloc_phase {
+    uint64_t bytes, small_pct, rng;
+    void **blocks;
+    size_t n, array_len;
+    uint64_t small_bytes, mid_bytes, small_n, mid_n;
+    double t_alloc;
+    int failed, done;
+};
+
+static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t handoff_cond = PTHREAD_COND_INITIALIZER;
+
+/* At most bytes / SMALL_MIN blocks: reserve that much address space for the
+ * pointers; only the part used becomes resident. */
+static void alloc_blocks(struct alloc_phase *a)
+{
+    const size_t cap = (size_t)(a->bytes / SMALL_MIN + 1);
+    a->array_len = cap * sizeof(void *);
+    void **blocks = mmap(NULL, a->array_len, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (blocks == MAP_FAILED) {
+        perror("rss_phase: mmap of the pointer array");
+        a->failed = 1;
+        return;
+    }
+    uint64_t small_bytes = 0, mid_bytes = 0, small_n = 0, mid_n = 0;
+    size_t n = 0;
+    a->t_alloc = bench_now();
+    while (small_bytes + mid_bytes < a->bytes) {
+        const uint64_t r = xorshift64s(&a->rng);
+        /* The kind that is behind its share of the bytes goes next. */
+        const int small = a->small_pct == 100 ||
+            (a->small_pct > 0 && small_bytes * 100 / a->small_pct <= mid_bytes * 100 / (100 - a->small_pct));
+        const size_t size = small ? SMALL_MIN + bench_below(r, SMALL_MAX - SMALL_MIN + 1)
+                                  : MID_MIN + bench_below(r, MID_MAX - MID_MIN + 1);
+        unsigned char *p = malloc(size);
+        if (!p) {
+            fprintf(stderr, "rss_phase: malloc(%zu) failed after %zu blocks\n", size, n);
+            a->failed = 1;
+            return;
+        }
+        memset(p, (int)(n | 1), size);
+        BENCH_ESCAPE(p);
+        blocks[n++] = p;
+        if (small) {
+            small_bytes += size;
+            small_n++;
+        } else {
+            mid_bytes += size;
+            mid_n++;
+        }
+    }
+    a->blocks = blocks;
+    a->n = n;
+    a->small_bytes = small_bytes;
+    a->mid_bytes = mid_bytes;
+    a->small_n = small_n;
+    a->mid_n = mid_n;
+}
+
+/* --handoff: allocates, hands over, then waits for the program's end. */
+static void *alloc_thread(void *arg)
+{
+    struct alloc_phase *a = arg;
+    alloc_blocks(a);
+    pthread_mutex_lock(&handoff_lock);
+    a->done = 1;
+    pthread_cond_broadcast(&handoff_cond);
+    pthread_mutex_unlock(&handoff_lock);
+    for (;;)
+        pause();
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t bytes = 1ULL << 30, seed = 1, small_pct = 50;
     double light = 2.0;
+    int handoff = 0;
     for (int i = 1; i < argc; i++) {
         char name[32];
         const char *val;
@@ -141,6 +225,8 @@ int main(int argc, char **argv)
             seed = bench_parse_num(name, val);
         else if (!strcmp(name, "--small-pct"))
             small_pct = bench_parse_num(name, val);
+        else if (!strcmp(name, "--handoff"))
+            handoff = bench_parse_num(name, val) != 0;
         else
             bench_unknown_option("rss_phase", name);
     }
@@ -166,42 +252,29 @@ int main(int argc, char **argv)
     void *light_slots[LIGHT_WS] = { 0 };
     const long base_kib = rss_kib();
 
-    /* 1. Allocation.  At most bytes / SMALL_MIN blocks: reserve that much
-     * address space for the pointers; only the part used becomes resident. */
-    const size_t cap = (size_t)(bytes / SMALL_MIN + 1);
-    const size_t array_len = cap * sizeof(void *);
-    void **blocks = mmap(NULL, array_len, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (blocks == MAP_FAILED) {
-        perror("rss_phase: mmap of the pointer array");
-        return 1;
-    }
-    uint64_t small_bytes = 0, mid_bytes = 0, small_n = 0, mid_n = 0;
-    size_t n = 0;
-    const double t_alloc = bench_now();
-    while (small_bytes + mid_bytes < bytes) {
-        const uint64_t r = xorshift64s(&rng);
-        /* The kind that is behind its share of the bytes goes next. */
-        const int small = small_pct == 100 ||
-            (small_pct > 0 && small_bytes * 100 / small_pct <= mid_bytes * 100 / (100 - small_pct));
-        const size_t size = small ? SMALL_MIN + bench_below(r, SMALL_MAX - SMALL_MIN + 1)
-                                  : MID_MIN + bench_below(r, MID_MAX - MID_MIN + 1);
-        unsigned char *p = malloc(size);
-        if (!p) {
-            fprintf(stderr, "rss_phase: malloc(%zu) failed after %zu blocks\n", size, n);
+    /* 1. Allocation (in another thread with --handoff). */
+    struct alloc_phase a = { .bytes = bytes, .small_pct = small_pct, .rng = rng };
+    pthread_t producer;
+    if (handoff) {
+        if (pthread_create(&producer, NULL, alloc_thread, &a) != 0) {
+            fprintf(stderr, "rss_phase: pthread_create failed\n");
             return 1;
         }
-        memset(p, (int)(n | 1), size);
-        BENCH_ESCAPE(p);
-        blocks[n++] = p;
-        if (small) {
-            small_bytes += size;
-            small_n++;
-        } else {
-            mid_bytes += size;
-            mid_n++;
-        }
+        pthread_mutex_lock(&handoff_lock);
+        while (!a.done)
+            pthread_cond_wait(&handoff_cond, &handoff_lock);
+        pthread_mutex_unlock(&handoff_lock);
+    } else {
+        alloc_blocks(&a);
     }
+    if (a.failed)
+        return 1;
+    void **blocks = a.blocks;
+    const size_t n = a.n, array_len = a.array_len;
+    const uint64_t small_bytes = a.small_bytes, mid_bytes = a.mid_bytes, small_n = a.small_n,
+                   mid_n = a.mid_n;
+    const double t_alloc = a.t_alloc;
+    rng = a.rng;
     const long peak_kib = rss_kib();
 
     /* 2. Free everything, in a random order (Fisher-Yates). */

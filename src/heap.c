@@ -132,8 +132,8 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     } else {
       /* Full: out of every list until a free finds it (through the slow path). */
       hak_queue_remove(q, page);
-      page->in_full = 1;
       page->full_magic = page->div_magic;
+      __atomic_store_n(&page->in_full, 1, __ATOMIC_RELEASE); /* read by the sweeper (remote.c) */
       __atomic_store_n(&page->div_magic, 0, __ATOMIC_RELAXED);
     }
     page = q->first;
@@ -354,7 +354,7 @@ void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   hak_block_set_next(b, page->free);
   page->free = b;
   if (page->in_full) {
-    page->in_full = 0;
+    __atomic_store_n(&page->in_full, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&page->div_magic, page->full_magic, __ATOMIC_RELAXED);
     hak_queue_push_back(&heap->queue[page->cls], page);
     if (heap->queue[page->cls].first == page) hak_heap_set_current(heap, page->cls);
@@ -454,6 +454,7 @@ void hak_heaps_collect_spare(hak_heap_t* heap) {
   for (hak_heap_t* h = spare_pool; h != NULL; h = h->pool_next) {
     if (!hak_remote_pending(h)) continue;
     hak_block_t* list = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
+    if (list == NULL) continue;
     hak_block_t* tail = list;
     for (hak_block_t* next; (next = hak_block_next_remote(tail)) != NULL;) tail = next;
     hak_block_set_next(tail, all);
@@ -645,6 +646,7 @@ static HAK_NOINLINE bool heap_absorb_heir(hak_heap_t* heap) {
 static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
   hak_remote_flush(heap); /* its frees of from's blocks reach from's list, collected below */
   hak_segments_move(heap, from);
+  hak_remote_take_reclaimed(heap, from);
   if (from->dirty_units != 0) { /* its free units not purged yet come along */
     hak_heap_purge_by(heap, from->purge_due_ms);
     heap->dirty_units += from->dirty_units;
@@ -665,6 +667,42 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
   pthread_mutex_lock(&heaps_lock);
   from->pool_next = spare_pool;
   spare_pool = from;
+  pthread_mutex_unlock(&heaps_lock);
+}
+
+/* Sweeps the dormant heaps (remote.c) once a purge delay at most (never if
+ * memory is never purged), from a page event of any thread's or its remote
+ * frees; with all (malloc_trim), every other thread's heap at once. */
+void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
+  static _Atomic uint32_t next_ms;
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  if (!all) {
+    if (delay < 0) return;
+    uint32_t next = atomic_load_explicit(&next_ms, memory_order_relaxed);
+    if ((int32_t)(now_ms - next) < 0) return;
+    uint32_t interval = delay > HAK_SWEEP_MIN_MS ? (uint32_t)delay : HAK_SWEEP_MIN_MS;
+    if (!atomic_compare_exchange_strong_explicit(&next_ms, &next, now_ms + interval, memory_order_relaxed,
+                                                 memory_order_relaxed))
+      return;
+    if (pthread_mutex_trylock(&heaps_lock) != 0) return; /* (held by this thread, too) */
+  } else {
+    pthread_mutex_lock(&heaps_lock);
+  }
+  for (hak_heap_t* h = all_heaps; h != NULL; h = h->all_next) {
+    if (h == self || hak_heap_kind(h) != HAK_HEAP_THREAD) continue;
+    uint32_t collects = atomic_load_explicit(&h->collects, memory_order_relaxed);
+    hak_block_t* head = atomic_load_explicit(&h->remote, memory_order_relaxed);
+    if (all) {
+      if (head != NULL) hak_remote_sweep(h);
+    } else if (head == NULL || !h->sweep_armed || collects != h->sweep_collects) {
+      /* Looked at again a delay later: swept if it has not collected meanwhile. */
+      h->sweep_armed = head != NULL;
+      h->sweep_collects = collects;
+      h->sweep_left = NULL;
+    } else if (head != h->sweep_left) { /* (else nothing came since its last sweep) */
+      hak_remote_sweep(h);
+    }
+  }
   pthread_mutex_unlock(&heaps_lock);
 }
 
@@ -702,6 +740,7 @@ bool hak_trim(void) {
     hak_heap_flush_empty(heap);
     hak_heap_purge(heap, now, true);
   }
+  hak_heaps_sweep(heap, now, true); /* what others freed into live heaps that do not collect */
   pthread_mutex_lock(&global_heap_lock);
   hak_heap_purge(&hak_heap_global, now, true);
   pthread_mutex_lock(&heaps_lock);

@@ -108,6 +108,11 @@ void hak_heap_check(struct hak_heap_s* heap);
 /* A class whose pages hold at most this many blocks keeps an emptied page as
  * its spare (heap.c, heap_keep_empty). */
 #define HAK_SPARE_BLOCKS_MAX 16
+/* The dormant heaps' sweep runs once a purge delay, and no more often than
+ * this (remote.c). */
+#define HAK_SWEEP_MIN_MS 10
+/* A thread's outbox flushes between two looks of its at the dormant heaps. */
+#define HAK_SWEEP_FLUSHES 64
 /* Remote frees (of blocks up to HAK_SMALL_MAX) a thread batches for one owner
  * before pushing them (remote.c). */
 #define HAK_OUTBOX_MAX 32
@@ -285,9 +290,20 @@ struct hak_heap_s {
   hak_block_t* outbox_first;
   hak_block_t* outbox_last;
   uint32_t outbox_count;
+  uint32_t outbox_flushes;              /* every HAK_SWEEP_FLUSHES, a look at the dormant heaps */
+  /* Remote collections its thread made (remote.c: while the count stands
+   * and frees wait, the heap is dormant), and what the sweeper saw of it
+   * (under the heaps lock). */
+  _Atomic uint32_t collects;
+  uint32_t sweep_collects;
+  bool sweep_armed;
+  hak_block_t* sweep_left;
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
-  char pad_[64 - sizeof(void*)];
+  /* Full pages whose every block another thread found on remote, and purged
+   * (remote.c), for the heap to retire when it collects. */
+  _Atomic(hak_page_t*) reclaimed;
+  char pad_[64 - 2 * sizeof(void*)];
   hak_heap_stats_t stats;
   /* The runs of the large blocks' pages it gave back lately (a ring, newest
    * at large_run_next - 1), so that a new large block takes one of its size
@@ -896,16 +912,22 @@ void hak_heaps_lock(void);
 void hak_heaps_unlock(void);
 bool hak_heap_absorb_abandoned(hak_heap_t* heap);
 void hak_heaps_collect_spare(hak_heap_t* heap);
+void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all);
+size_t hak_segments_held(hak_heap_t* heap);
 void hak_thread_register(hak_heap_t* heap);
 
 /* remote.c */
 void hak_remote_push(hak_heap_t* heap, hak_block_t* b);
+void hak_remote_push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* last);
 void hak_remote_free(hak_heap_t* self, hak_heap_t* owner, const hak_page_t* page, hak_block_t* b);
 void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
+void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from);
+void hak_remote_sweep(hak_heap_t* heap);
 HAK_INLINE bool hak_remote_pending(hak_heap_t* heap) {
-  return atomic_load_explicit(&heap->remote, memory_order_relaxed) != NULL;
+  return atomic_load_explicit(&heap->remote, memory_order_relaxed) != NULL ||
+         atomic_load_explicit(&heap->reclaimed, memory_order_relaxed) != NULL;
 }
 
 /* huge.c */
@@ -996,6 +1018,7 @@ typedef struct hak_counters_s {
   _Atomic size_t lookup_failures; /* pointers freed or sized that hakmem does not own */
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
   _Atomic size_t huge_live, huge_live_bytes; /* huge blocks out now, and their mappings */
+  _Atomic size_t reclaimed_pages; /* full pages of dormant heaps freed whole by others, purged */
 } hak_counters_t;
 extern hak_counters_t hak_counters;
 #define hak_count(field, n) atomic_fetch_add_explicit(&hak_counters.field, (n), memory_order_relaxed)

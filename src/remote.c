@@ -9,12 +9,14 @@
  * holds HAK_OUTBOX_MAX blocks, when a block of another owner comes, and on
  * the thread's refills, trims and exit.  Until then its blocks count as in
  * use, as any free in flight.  (Blocks up to HAK_SMALL_MAX: 32 KiB at most.) */
+#include <string.h>
+
 #include "internal.h"
 
 static void double_free(hak_block_t* b) { hak_double_free(hak_page_of(hak_segment_of(b), b), b); }
 
 /* Pushes the chain first .. last (linked by hak_block_set_next) onto heap's list. */
-static void push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* last) {
+void hak_remote_push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* last) {
   hak_block_t* head = atomic_load_explicit(&heap->remote, memory_order_relaxed);
   do {
     /* A block pushed again while it heads the list would close a loop its
@@ -25,14 +27,23 @@ static void push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* last) 
                                                   memory_order_relaxed));
 }
 
-void hak_remote_push(hak_heap_t* heap, hak_block_t* b) { push_chain(heap, b, b); }
+void hak_remote_push(hak_heap_t* heap, hak_block_t* b) { hak_remote_push_chain(heap, b, b); }
 
 void hak_remote_flush(hak_heap_t* self) {
   if (self->outbox_count == 0) return;
-  push_chain(self->outbox_to, self->outbox_first, self->outbox_last);
+  /* The blocks' heap may have been abandoned and absorbed (its segments,
+   * all at once, into another heap; itself to the spare pool, which nobody
+   * collects) while they waited: they go to the segments' owner now. */
+  if (likely(hak_segment_heap(hak_segment_of(self->outbox_first)) == self->outbox_to))
+    hak_remote_push_chain(self->outbox_to, self->outbox_first, self->outbox_last);
+  else
+    hak_remote_collect_list(self, self->outbox_first); /* (NULL-ended: its first link) */
   self->outbox_to = NULL;
   self->outbox_first = self->outbox_last = NULL;
   self->outbox_count = 0;
+  /* A thread that frees others' blocks by the thousand, and makes no page
+   * events of its own, looks at the dormant heaps too. */
+  if (++self->outbox_flushes % HAK_SWEEP_FLUSHES == 0) hak_heaps_sweep(self, hak_now_ms(), false);
 }
 
 /* b, a block of owner's page, freed by the thread of self (a thread's heap,
@@ -76,6 +87,134 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
 }
 
 void hak_remote_collect(hak_heap_t* heap) {
+  atomic_store_explicit(&heap->collects, atomic_load_explicit(&heap->collects, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
   hak_remote_collect_list(heap, atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire));
+  if (atomic_load_explicit(&heap->reclaimed, memory_order_relaxed) != NULL) hak_remote_take_reclaimed(heap, heap);
   hak_heap_check(heap);
+}
+
+/* ---- dormant heaps ----------------------------------------------------------
+ *
+ * A thread that hands its blocks to others and then stops allocating (a
+ * program's main thread once its workers run, a producer that waits) never
+ * collects the frees that reach its heap, and its pages would hold their
+ * memory for good.  The sweeper (hak_heaps_sweep, from other threads' page
+ * events, every purge delay) takes such a heap's remote list when it has
+ * stayed uncollected for a whole delay, and gives the memory of each full
+ * page whose every block is on it back to the system.  It touches only full
+ * pages (in_full: in no queue, so the owner's fast paths never reach them) all
+ * of whose blocks it holds (so no free can reach them either): their memory
+ * is purged and the page goes on the heap's reclaimed list, for the owner to
+ * retire when it collects again.  The other blocks go back on the list. */
+
+/* The pages of the list's blocks and their counts: an open-addressed table
+ * with room for every page the heap's segments can hold (under the heaps
+ * lock: a static one for up to HAK_SWEEP_STATIC_PAGES, else mapped for the
+ * sweep). */
+typedef struct {
+  hak_page_t* page;
+  uint32_t count; /* its blocks on the list; UINT32_MAX: all of them */
+} sweep_slot_t;
+#define HAK_SWEEP_STATIC_PAGES 512
+static sweep_slot_t sweep_static[2 * HAK_SWEEP_STATIC_PAGES];
+
+static sweep_slot_t* sweep_find(sweep_slot_t* slots, size_t mask, hak_page_t* page) {
+  size_t h = (size_t)(((uintptr_t)page >> 6) * 0x9E3779B97F4A7C15ull >> 40) & mask;
+  while (slots[h].page != page && slots[h].page != NULL) h = (h + 1) & mask;
+  return &slots[h];
+}
+
+/* Sweeps heap, a live thread's but not the caller's (under the heaps lock). */
+void hak_remote_sweep(hak_heap_t* heap) {
+  hak_block_t* list = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
+  heap->sweep_left = NULL;
+  if (list == NULL) return;
+  size_t pages = hak_segments_held(heap) * (HAK_UNITS - 1), size = 64;
+  while (size < 2 * pages) size *= 2; /* at most half full */
+  sweep_slot_t* slots = sweep_static;
+  if (pages > HAK_SWEEP_STATIC_PAGES) slots = hak_os_map(size * sizeof(sweep_slot_t));
+  if (slots == NULL) { /* no room to count in: the list goes back as it was */
+    hak_block_t* last = list;
+    for (hak_block_t* next; (next = hak_block_next_remote(last)) != NULL;) last = next;
+    hak_remote_push_chain(heap, list, last);
+    return;
+  }
+  size_t mask = (slots == sweep_static ? 2 * HAK_SWEEP_STATIC_PAGES : size) - 1;
+  for (hak_block_t* b = list; b != NULL; b = hak_block_next_remote(b)) {
+    hak_segment_t* seg = hak_segment_of(b);
+    if (hak_segment_heap(seg) != heap) continue; /* passed on by the owner */
+    hak_page_t* page = hak_page_of(seg, b);
+    if (page->cls == HAK_CLASS_LARGE) continue;
+    sweep_slot_t* slot = sweep_find(slots, mask, page);
+    slot->page = page;
+    slot->count++;
+  }
+  /* Full since its last block went out (in_full is set only then, and a free
+   * of the page clears it): all its blocks are here if as many as it holds. */
+  bool any = false;
+  for (size_t i = 0; i <= mask; i++) {
+    hak_page_t* page = slots[i].page;
+    if (page != NULL && slots[i].count == page->reserved && __atomic_load_n(&page->in_full, __ATOMIC_ACQUIRE)) {
+      slots[i].count = UINT32_MAX;
+      any = true;
+    }
+  }
+  /* The others go back as they were linked, around the blocks dropped. */
+  hak_block_t *first = NULL, *last = NULL;
+  bool dropped = false;
+  for (hak_block_t *b = list, *next; b != NULL; b = next) {
+    next = hak_block_next_remote(b);
+    if (any) {
+      hak_segment_t* seg = hak_segment_of(b);
+      if (hak_segment_heap(seg) == heap && sweep_find(slots, mask, hak_page_of(seg, b))->count == UINT32_MAX) {
+        dropped = true;
+        continue;
+      }
+    }
+    if (last == NULL) first = b;
+    else if (dropped) hak_block_set_next(last, b);
+    last = b;
+    dropped = false;
+  }
+  for (size_t i = 0; i <= mask; i++) {
+    hak_page_t* page = slots[i].page;
+    if (page != NULL && slots[i].count == UINT32_MAX) {
+      hak_segment_t* seg = hak_segment_of(page);
+      size_t bytes = (size_t)page->units << HAK_UNIT_SHIFT;
+      hak_os_purge((uint8_t*)seg + ((size_t)page->index << HAK_UNIT_SHIFT), bytes);
+      hak_committed_sub(bytes);
+      hak_count(reclaimed_pages, 1);
+      __atomic_store_n(&page->used, 0, __ATOMIC_RELAXED); /* (the statistics read it) */
+      hak_page_t* head = atomic_load_explicit(&heap->reclaimed, memory_order_relaxed);
+      do page->prev = head; /* (free while in_full: full_magic shares next's place) */
+      while (!atomic_compare_exchange_weak_explicit(&heap->reclaimed, &head, page, memory_order_release,
+                                                    memory_order_relaxed));
+    }
+  }
+  if (slots == sweep_static) memset(sweep_static, 0, sizeof sweep_static);
+  else hak_os_unmap(slots, size * sizeof(sweep_slot_t));
+  if (first != NULL) {
+    hak_remote_push_chain(heap, first, last); /* (links last to the list's head) */
+    heap->sweep_left = first;
+  }
+}
+
+/* Retires into heap the pages swept from from's (heap itself, or an
+ * abandoned heap whose segments heap has just taken). */
+void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from) {
+  hak_page_t* page = atomic_exchange_explicit(&from->reclaimed, NULL, memory_order_acquire);
+  uint32_t now = hak_now_ms();
+  while (page != NULL) {
+    hak_page_t* next = page->prev;
+    /* Back in a queue: a block of it was freed again, which only a double
+     * free can do. */
+    if (!page->in_full) hak_fatal("double free in a page freed whole by other threads", hak_page_start(page));
+    page->in_full = 0;
+    /* Retired as free units still backed, as the others: purged once more
+     * when their delay comes (a system call on memory given back already). */
+    hak_committed_add((size_t)page->units << HAK_UNIT_SHIFT);
+    hak_page_retire(heap, page, now);
+    page = next;
+  }
 }

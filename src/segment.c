@@ -91,6 +91,15 @@ void hak_segment_set_owner_tid(hak_segment_t* seg, uintptr_t tid, memory_order o
   }
 }
 
+/* The segments heap holds (a bound of its pages, for the sweep: remote.c). */
+size_t hak_segments_held(hak_heap_t* heap) {
+  size_t n = 0;
+  pthread_mutex_lock(&segment_lock);
+  for (size_t i = 0; i < registry_count; i++) n += hak_segment_heap(registry[i]) == heap;
+  pthread_mutex_unlock(&segment_lock);
+  return n;
+}
+
 void hak_segments_lock(void) { pthread_mutex_lock(&segment_lock); }
 void hak_segments_unlock(void) { pthread_mutex_unlock(&segment_lock); }
 

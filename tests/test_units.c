@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -301,6 +302,94 @@ static void test_remote_outbox(void) {
   pthread_barrier_destroy(&outbox_other_done);
 }
 
+/* A heap whose thread hands its blocks to others and then waits: once they
+ * are all freed, the sweep gives the memory of its full pages back, and the
+ * heap retires those pages when its thread collects again. */
+enum { DORMANT_BLOCKS = 4000, DORMANT_SIZE = 64 };
+static void* dormant_blocks[DORMANT_BLOCKS];
+static hak_heap_t* dormant_heap;
+static pthread_barrier_t dormant_step;
+static hak_segment_t* dormant_swept_seg; /* where a swept page was */
+static unsigned dormant_swept_index;
+
+static void* dormant_owner(void* arg) {
+  (void)arg;
+  for (int i = 0; i < DORMANT_BLOCKS; i++) REQUIRE((dormant_blocks[i] = hak_malloc(DORMANT_SIZE)) != NULL);
+  dormant_heap = hak_tls_heap;
+  pthread_barrier_wait(&dormant_step); /* handed over */
+  pthread_barrier_wait(&dormant_step); /* swept meanwhile */
+  hak_remote_collect(hak_tls_heap);
+  CHECK(atomic_load(&dormant_heap->reclaimed) == NULL);
+  CHECK(dormant_swept_seg->free_units >> dormant_swept_index & 1); /* retired */
+  hak_heap_check(hak_tls_heap);
+  void* again = hak_malloc(DORMANT_SIZE); /* the heap works on */
+  CHECK(again != NULL);
+  hak_free(again);
+  pthread_barrier_wait(&dormant_step);
+  return NULL;
+}
+
+static bool page_resident(const hak_page_t* page) {
+  unsigned char vec[HAK_UNIT_SIZE / HAK_OS_PAGE];
+  void* start = (uint8_t*)hak_segment_of(page) + ((size_t)page->index << HAK_UNIT_SHIFT);
+  REQUIRE(mincore(start, HAK_UNIT_SIZE, vec) == 0);
+  for (size_t i = 0; i < sizeof vec; i++)
+    if (vec[i] & 1) return true;
+  return false;
+}
+
+/* by_trim: malloc_trim's sweep, at once; else the periodic one. */
+static void dormant_sweep(bool by_trim) {
+  REQUIRE(pthread_barrier_init(&dormant_step, NULL, 2) == 0);
+  pthread_t owner;
+  REQUIRE(pthread_create(&owner, NULL, dormant_owner, NULL) == 0);
+  pthread_barrier_wait(&dormant_step);
+  /* Its first pages are full now (in no queue); the last is its current one. */
+  hak_page_t* first = hak_page_of(hak_segment_of(dormant_blocks[0]), dormant_blocks[0]);
+  hak_page_t* held = NULL; /* a full page with one block still out: not swept */
+  int kept = -1;
+  for (int i = 0; i < DORMANT_BLOCKS && held == NULL; i++) {
+    hak_page_t* page = hak_page_of(hak_segment_of(dormant_blocks[i]), dormant_blocks[i]);
+    if (page != first && page->in_full) held = page, kept = i;
+  }
+  REQUIRE(first->in_full && held != NULL);
+  dormant_swept_index = first->index;
+  dormant_swept_seg = hak_segment_of(first);
+  for (int i = 0; i < DORMANT_BLOCKS; i++)
+    if (i != kept) hak_free(dormant_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages);
+  /* Swept on the second look, a delay after the first (times far ahead of the
+   * clock: the other threads' page events do not sweep meanwhile). */
+  uint32_t t = hak_now_ms() + 1000000 * (by_trim ? 2 : 1);
+  if (by_trim) {
+    CHECK(hak_trim());
+  } else {
+    hak_heaps_sweep(hak_tls_heap, t, false);
+    CHECK(atomic_load(&hak_counters.reclaimed_pages) == reclaimed);
+    hak_heaps_sweep(hak_tls_heap, t + 1000, false);
+  }
+  size_t swept = atomic_load(&hak_counters.reclaimed_pages) - reclaimed;
+  CHECK(swept >= 1);
+  CHECK(atomic_load(&dormant_heap->reclaimed) != NULL);
+  CHECK(held->in_full); /* untouched */
+  if (HAK_POLICY(purge_mode) == HAK_PURGE_DONTNEED) CHECK(!page_resident(first));
+  /* Nothing new came: a third look does not sweep the same list again. */
+  hak_block_t* left = atomic_load(&dormant_heap->remote);
+  hak_heaps_sweep(hak_tls_heap, t + 2000, false);
+  CHECK(atomic_load(&dormant_heap->remote) == left);
+  pthread_barrier_wait(&dormant_step);
+  pthread_barrier_wait(&dormant_step); /* it collected */
+  hak_free(dormant_blocks[kept]);
+  pthread_join(owner, NULL);
+  pthread_barrier_destroy(&dormant_step);
+}
+
+static void test_dormant_sweep(void) {
+  dormant_sweep(false);
+  dormant_sweep(true);
+}
+
 /* ---- abandonment ------------------------------------------------------------ */
 
 static void* leaver_heap;
@@ -338,13 +427,33 @@ static void test_abandon_adopt(void) {
 /* A live heap short of units takes over an exited thread's heap only once no
  * starting thread has adopted it for the purge delay: until then it maps a
  * segment of its own. */
+/* Frees a few of the leaver's blocks, which wait in its outbox until the
+ * absorber has taken the leaver's heap (and left it spare). */
+enum { WAITING = 5 };
+static pthread_barrier_t waiter_step;
+static void* waiter(void* arg) {
+  (void)arg;
+  hak_free(hak_malloc(16)); /* a heap of its own, before the leaver's is abandoned */
+  pthread_barrier_wait(&waiter_step);
+  pthread_barrier_wait(&waiter_step);
+  for (int i = 0; i < WAITING; i++) hak_free(left_blocks[i]);
+  pthread_barrier_wait(&waiter_step);
+  pthread_barrier_wait(&waiter_step);
+  return NULL; /* its exit sends them: to their segments' new owner */
+}
+
 static void test_absorb_after_delay(void) {
   REQUIRE(hak_option_set("PURGE_DELAY_MS", 100) == 0);
   hak_free(hak_malloc(16)); /* this thread has a heap */
   hak_heap_t* self = hak_tls_heap;
-  pthread_t t;
+  pthread_t t, w;
+  REQUIRE(pthread_barrier_init(&waiter_step, NULL, 2) == 0);
+  pthread_create(&w, NULL, waiter, NULL);
+  pthread_barrier_wait(&waiter_step);
   pthread_create(&t, NULL, leaver, NULL);
   pthread_join(t, NULL);
+  pthread_barrier_wait(&waiter_step);
+  pthread_barrier_wait(&waiter_step); /* they wait in its outbox */
   hak_segment_t* seg = hak_segment_of(left_blocks[0]);
   CHECK(hak_segment_heap(seg) == leaver_heap);
   enum { BIG = 40 };
@@ -360,8 +469,14 @@ static void test_absorb_after_delay(void) {
   int i = 4;
   for (; i < BIG && hak_segment_heap(seg) != self; i++) REQUIRE((big[i] = hak_malloc(mib)) != NULL);
   CHECK(hak_segment_heap(seg) == self); /* absorbed, blocks and all */
+  hak_remote_collect(self);
+  pthread_barrier_wait(&waiter_step);
+  pthread_join(w, NULL);
+  CHECK(remote_length(self) == WAITING);
+  CHECK(remote_length(leaver_heap) == 0);
+  pthread_barrier_destroy(&waiter_step);
   for (int k = 0; k < i; k++) hak_free(big[k]);
-  for (int k = 0; k < 64; k++) hak_free(left_blocks[k]);
+  for (int k = WAITING; k < 64; k++) hak_free(left_blocks[k]);
 }
 
 /* ---- huge blocks ------------------------------------------------------------ */
@@ -439,6 +554,7 @@ int main(void) {
   test_unit_runs();
   test_remote_free();
   test_remote_outbox();
+  test_dormant_sweep();
   test_abandon_adopt();
   test_absorb_after_delay();
   test_huge_cache_and_remap();
