@@ -130,11 +130,14 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
       if (carve == NULL) carve = page;
       hak_queue_rotate(q);
     } else {
-      /* Full: out of every list until a free finds it (through the slow path). */
+      /* Full: out of every list until a free finds it (through the slow path).
+       * Unpinned first: once marked, its fields are the sweeper's to write
+       * (remote.c) while all its blocks are out. */
+      if (heap->current[cls] == page) hak_heap_use_page(heap, cls, &hak_page_empty);
       hak_queue_remove(q, page);
       page->full_magic = page->div_magic;
-      __atomic_store_n(&page->in_full, 1, __ATOMIC_RELEASE); /* read by the sweeper (remote.c) */
       __atomic_store_n(&page->div_magic, 0, __ATOMIC_RELAXED);
+      __atomic_store_n(&page->in_full, 1, __ATOMIC_RELEASE); /* read by the sweeper */
     }
     page = q->first;
   }
@@ -679,7 +682,7 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
   if (!all) {
     if (delay < 0) return;
     uint32_t next = atomic_load_explicit(&next_ms, memory_order_relaxed);
-    if ((int32_t)(now_ms - next) < 0) return;
+    if (next != 0 && (int32_t)(now_ms - next) < 0) return; /* (0: none yet, whatever the clock) */
     uint32_t interval = delay > HAK_SWEEP_MIN_MS ? (uint32_t)delay : HAK_SWEEP_MIN_MS;
     if (!atomic_compare_exchange_strong_explicit(&next_ms, &next, now_ms + interval, memory_order_relaxed,
                                                  memory_order_relaxed))

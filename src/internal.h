@@ -883,6 +883,7 @@ void hak_page_extend(hak_page_t* page);
 /* An empty page gives its units back, as free units backed since freed_ms
  * (the caller then checks the purge). */
 void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms);
+void hak_page_retire_purged(hak_heap_t* heap, hak_page_t* page);
 void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms);
 void hak_page_trim(hak_page_t* page);
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size);

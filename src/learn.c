@@ -71,7 +71,8 @@ static int32_t next_delay(int32_t delay, size_t idle, size_t refaulted) {
 }
 
 void hak_learn_step(uint32_t now_ms) {
-  if ((int32_t)(now_ms - atomic_load_explicit(&next_step_ms, memory_order_relaxed)) < 0) return;
+  uint32_t next_step = atomic_load_explicit(&next_step_ms, memory_order_relaxed);
+  if (next_step != 0 && (int32_t)(now_ms - next_step) < 0) return; /* (0: none yet, whatever the clock) */
   if (pthread_mutex_trylock(&learn_lock) != 0) return; /* another thread is deciding */
   int32_t delay = HAK_POLICY(purge_delay_ms);
   /* A window at least twice the delay: long enough to see the refaults of its purges. */

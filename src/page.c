@@ -371,9 +371,10 @@ bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
   return true;
 }
 
-/* An empty page gives its units back to its segment, as free units backed
- * since freed_ms; an empty segment goes back to the segment cache. */
-void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
+/* An empty page gives its units back to its segment: as free units backed
+ * since freed_ms, or (not backed) as units whose memory went back to the
+ * system already; an empty segment goes back to the segment cache. */
+static void page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms, bool backed) {
   hak_assert(page->used == 0);
   hak_segment_t* seg = hak_segment_of(page);
   unsigned idx = page->index, n = page->units;
@@ -381,10 +382,14 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
   hak_stat_add(heap->stats.retires[hak_stat_class(page)], 1);
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
   hak_segment_give_units(seg, idx, n);
-  seg->dirty_units |= hak_unit_mask(idx, n);
-  for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = freed_ms;
-  hak_heap_purge_by(heap, freed_ms + (uint32_t)HAK_POLICY(purge_delay_ms));
-  heap->dirty_units += n;
+  if (backed) {
+    seg->dirty_units |= hak_unit_mask(idx, n);
+    for (unsigned j = idx; j < idx + n; j++) seg->unit_freed_ms[j] = freed_ms;
+    hak_heap_purge_by(heap, freed_ms + (uint32_t)HAK_POLICY(purge_delay_ms));
+    heap->dirty_units += n;
+  } else {
+    for (unsigned j = idx; j < idx + n; j++) seg->unit_purged_ms[j] = 0; /* (not for the delay: learn.c) */
+  }
   if (was_full) {
     seg_remove(&heap->full_segments, seg);
     seg_push(&heap->segments, seg);
@@ -402,6 +407,12 @@ void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
     if (large) large_run_note(heap, seg, idx, n);
   }
 }
+
+void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms) {
+  page_retire(heap, page, freed_ms, true);
+}
+
+void hak_page_retire_purged(hak_heap_t* heap, hak_page_t* page) { page_retire(heap, page, 0, false); }
 
 /* When a kept empty page became empty (hak_heap_page_empty notes it in the
  * segment's unit_freed_ms of its first unit, which is not a free unit). */

@@ -204,17 +204,13 @@ void hak_remote_sweep(hak_heap_t* heap) {
  * abandoned heap whose segments heap has just taken). */
 void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from) {
   hak_page_t* page = atomic_exchange_explicit(&from->reclaimed, NULL, memory_order_acquire);
-  uint32_t now = hak_now_ms();
   while (page != NULL) {
     hak_page_t* next = page->prev;
     /* Back in a queue: a block of it was freed again, which only a double
      * free can do. */
     if (!page->in_full) hak_fatal("double free in a page freed whole by other threads", hak_page_start(page));
     page->in_full = 0;
-    /* Retired as free units still backed, as the others: purged once more
-     * when their delay comes (a system call on memory given back already). */
-    hak_committed_add((size_t)page->units << HAK_UNIT_SHIFT);
-    hak_page_retire(heap, page, now);
+    hak_page_retire_purged(heap, page); /* (the sweep counted its memory out of the committed) */
     page = next;
   }
 }
