@@ -103,6 +103,7 @@ HAK_INLINE void* heap_pop(hak_heap_t* heap, hak_page_t* page) {
 }
 
 static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
+  hak_heap_note_slow(heap);
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
   if (heap->outbox_count != 0) hak_remote_flush(heap);
   hak_page_queue_t* q = &heap->queue[cls];
@@ -693,16 +694,19 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
   }
   for (hak_heap_t* h = all_heaps; h != NULL; h = h->all_next) {
     if (h == self || hak_heap_kind(h) != HAK_HEAP_THREAD) continue;
-    uint32_t collects = atomic_load_explicit(&h->collects, memory_order_relaxed);
+    uint32_t slow_calls = atomic_load_explicit(&h->slow_calls, memory_order_relaxed);
     hak_block_t* head = atomic_load_explicit(&h->remote, memory_order_relaxed);
     if (all) {
       if (head != NULL) hak_remote_sweep(h);
-    } else if (head == NULL || !h->sweep_armed || collects != h->sweep_collects) {
-      /* Looked at again a delay later: swept if it has not collected meanwhile. */
+    } else if (head == NULL || !h->sweep_armed || slow_calls != h->sweep_slow_calls) {
+      /* Looked at again later: swept once its thread has made no slow call
+       * for HAK_DORMANT_MS while frees waited. */
       h->sweep_armed = head != NULL;
-      h->sweep_collects = collects;
+      h->sweep_slow_calls = slow_calls;
+      h->sweep_armed_ms = now_ms;
       h->sweep_left = NULL;
-    } else if (head != h->sweep_left) { /* (else nothing came since its last sweep) */
+    } else if ((int32_t)(now_ms - h->sweep_armed_ms) >= HAK_DORMANT_MS &&
+               head != h->sweep_left) { /* (else nothing came since its last sweep) */
       hak_remote_sweep(h);
     }
   }

@@ -111,6 +111,10 @@ void hak_heap_check(struct hak_heap_s* heap);
 /* The dormant heaps' sweep runs once a purge delay, and no more often than
  * this (remote.c). */
 #define HAK_SWEEP_MIN_MS 10
+/* A heap is dormant once its thread has made no refill and no collection for
+ * this long while other threads' frees wait on it (a thread that waits a
+ * moment for work is not: its pages would be faulted in again). */
+#define HAK_DORMANT_MS 1000
 /* A thread's outbox flushes between two looks of its at the dormant heaps. */
 #define HAK_SWEEP_FLUSHES 64
 /* Remote frees (of blocks up to HAK_SMALL_MAX) a thread batches for one owner
@@ -291,11 +295,12 @@ struct hak_heap_s {
   hak_block_t* outbox_last;
   uint32_t outbox_count;
   uint32_t outbox_flushes;              /* every HAK_SWEEP_FLUSHES, a look at the dormant heaps */
-  /* Remote collections its thread made (remote.c: while the count stands
-   * and frees wait, the heap is dormant), and what the sweeper saw of it
-   * (under the heaps lock). */
-  _Atomic uint32_t collects;
-  uint32_t sweep_collects;
+  /* Its thread's refills and remote collections (while the count stands
+   * and frees wait, the heap is dormant: remote.c), and what the sweeper saw
+   * of it (under the heaps lock). */
+  _Atomic uint32_t slow_calls;
+  uint32_t sweep_slow_calls;
+  uint32_t sweep_armed_ms;
   bool sweep_armed;
   hak_block_t* sweep_left;
   /* Written by other threads: kept on a line of its own. */
@@ -926,6 +931,11 @@ void hak_remote_collect(hak_heap_t* heap);
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
 void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from);
 void hak_remote_sweep(hak_heap_t* heap);
+/* A slow path of heap's thread: it is not dormant. */
+HAK_INLINE void hak_heap_note_slow(hak_heap_t* heap) {
+  atomic_store_explicit(&heap->slow_calls, atomic_load_explicit(&heap->slow_calls, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+}
 HAK_INLINE bool hak_remote_pending(hak_heap_t* heap) {
   return atomic_load_explicit(&heap->remote, memory_order_relaxed) != NULL ||
          atomic_load_explicit(&heap->reclaimed, memory_order_relaxed) != NULL;

@@ -87,8 +87,7 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
 }
 
 void hak_remote_collect(hak_heap_t* heap) {
-  atomic_store_explicit(&heap->collects, atomic_load_explicit(&heap->collects, memory_order_relaxed) + 1,
-                        memory_order_relaxed);
+  hak_heap_note_slow(heap);
   hak_remote_collect_list(heap, atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire));
   if (atomic_load_explicit(&heap->reclaimed, memory_order_relaxed) != NULL) hak_remote_take_reclaimed(heap, heap);
   hak_heap_check(heap);
@@ -100,9 +99,9 @@ void hak_remote_collect(hak_heap_t* heap) {
  * program's main thread once its workers run, a producer that waits) never
  * collects the frees that reach its heap, and its pages would hold their
  * memory for good.  The sweeper (hak_heaps_sweep, from other threads' page
- * events, every purge delay) takes such a heap's remote list when it has
- * stayed uncollected for a whole delay, and gives the memory of each full
- * page whose every block is on it back to the system.  It touches only full
+ * events, every purge delay) takes such a heap's remote list when its thread
+ * has neither collected nor refilled for HAK_DORMANT_MS, and gives the memory
+ * of each full page whose every block is on it back to the system.  It touches only full
  * pages (in_full: in no queue, so the owner's fast paths never reach them) all
  * of whose blocks it holds (so no free can reach them either): their memory
  * is purged and the page goes on the heap's reclaimed list, for the owner to

@@ -359,7 +359,7 @@ static void dormant_sweep(bool by_trim) {
     if (i != kept) hak_free(dormant_blocks[i]);
   hak_remote_flush(hak_tls_heap);
   size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages);
-  /* Swept on the second look, a delay after the first (times far ahead of the
+  /* Swept on a look HAK_DORMANT_MS after the first (times far ahead of the
    * clock: the other threads' page events do not sweep meanwhile). */
   uint32_t t = hak_now_ms() + 1000000 * (by_trim ? 2 : 1);
   if (by_trim) {
@@ -367,7 +367,9 @@ static void dormant_sweep(bool by_trim) {
   } else {
     hak_heaps_sweep(hak_tls_heap, t, false);
     CHECK(atomic_load(&hak_counters.reclaimed_pages) == reclaimed);
-    hak_heaps_sweep(hak_tls_heap, t + 1000, false);
+    hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS / 2, false);
+    CHECK(atomic_load(&hak_counters.reclaimed_pages) == reclaimed); /* not dormant long enough */
+    hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS, false);
   }
   size_t swept = atomic_load(&hak_counters.reclaimed_pages) - reclaimed;
   CHECK(swept >= 1);
@@ -376,7 +378,7 @@ static void dormant_sweep(bool by_trim) {
   if (HAK_POLICY(purge_mode) == HAK_PURGE_DONTNEED) CHECK(!page_resident(first));
   /* Nothing new came: a third look does not sweep the same list again. */
   hak_block_t* left = atomic_load(&dormant_heap->remote);
-  hak_heaps_sweep(hak_tls_heap, t + 2000, false);
+  hak_heaps_sweep(hak_tls_heap, t + 2 * HAK_DORMANT_MS, false);
   CHECK(atomic_load(&dormant_heap->remote) == left);
   pthread_barrier_wait(&dormant_step);
   pthread_barrier_wait(&dormant_step); /* it collected */
