@@ -888,6 +888,7 @@ void hak_page_extend(hak_page_t* page);
 /* An empty page gives its units back, as free units backed since freed_ms
  * (the caller then checks the purge). */
 void hak_page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms);
+/* The same for a page whose memory the sweep gave back already (remote.c). */
 void hak_page_retire_purged(hak_heap_t* heap, hak_page_t* page);
 void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms);
 void hak_page_trim(hak_page_t* page);

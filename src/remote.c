@@ -8,7 +8,8 @@
  * another): the chain joins the owner's list with one atomic push when it
  * holds HAK_OUTBOX_MAX blocks, when a block of another owner comes, and on
  * the thread's refills, trims and exit.  Until then its blocks count as in
- * use, as any free in flight.  (Blocks up to HAK_SMALL_MAX: 32 KiB at most.) */
+ * use, as any free in flight: 31 blocks at most a thread, of HAK_SMALL_MAX
+ * bytes at most. */
 #include <string.h>
 
 #include "internal.h"
