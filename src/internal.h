@@ -115,6 +115,10 @@ void hak_heap_check(struct hak_heap_s* heap);
  * this long while other threads' frees wait on it (a thread that waits a
  * moment for work is not: its pages would be faulted in again). */
 #define HAK_DORMANT_MS 1000
+/* The sweep keeps the blocks of the list in an array (mapped for it) of this
+ * many a page of the heap's, and no more than the second. */
+#define HAK_SWEEP_BLOCKS_PER_PAGE 1024
+#define HAK_SWEEP_BLOCKS_MAX ((size_t)1 << 21)
 /* A thread's outbox flushes between two looks of its at the dormant heaps. */
 #define HAK_SWEEP_FLUSHES 64
 /* Remote frees (of blocks up to HAK_SMALL_MAX) a thread batches for one owner

@@ -119,10 +119,13 @@ typedef struct {
 #define HAK_SWEEP_STATIC_PAGES 512
 static sweep_slot_t sweep_static[2 * HAK_SWEEP_STATIC_PAGES];
 
+/* page's slot, or the free one where it goes; NULL if the table is full (a
+ * page beyond the bound: a segment the heap took meanwhile). */
 static sweep_slot_t* sweep_find(sweep_slot_t* slots, size_t mask, hak_page_t* page) {
   size_t h = (size_t)(((uintptr_t)page >> 6) * 0x9E3779B97F4A7C15ull >> 40) & mask;
-  while (slots[h].page != page && slots[h].page != NULL) h = (h + 1) & mask;
-  return &slots[h];
+  for (size_t probes = 0; probes <= mask; probes++, h = (h + 1) & mask)
+    if (slots[h].page == page || slots[h].page == NULL) return &slots[h];
+  return NULL;
 }
 
 /* Sweeps heap, a live thread's but not the caller's (under the heaps lock). */
@@ -141,15 +144,24 @@ void hak_remote_sweep(hak_heap_t* heap) {
     return;
   }
   size_t mask = (slots == sweep_static ? 2 * HAK_SWEEP_STATIC_PAGES : size) - 1;
+  /* The blocks in order too, so that the second pass reads the array, not
+   * the blocks (scattered: most of the time of a sweep). */
+  size_t cap = pages * HAK_SWEEP_BLOCKS_PER_PAGE, n = 0;
+  if (cap > HAK_SWEEP_BLOCKS_MAX) cap = HAK_SWEEP_BLOCKS_MAX;
+  hak_block_t** blocks = hak_os_map(cap * sizeof(hak_block_t*));
   for (hak_block_t* b = list; b != NULL; b = hak_block_next_remote(b)) {
+    if (blocks != NULL && n < cap) blocks[n] = b;
+    n++;
     hak_segment_t* seg = hak_segment_of(b);
     if (hak_segment_heap(seg) != heap) continue; /* passed on by the owner */
     hak_page_t* page = hak_page_of(seg, b);
     if (page->cls == HAK_CLASS_LARGE) continue;
     sweep_slot_t* slot = sweep_find(slots, mask, page);
+    if (slot == NULL) continue;
     slot->page = page;
     slot->count++;
   }
+  bool in_array = blocks != NULL && n <= cap;
   /* Full since its last block went out (in_full is set only then, and a free
    * of the page clears it): all its blocks are here if as many as it holds. */
   bool any = false;
@@ -163,11 +175,13 @@ void hak_remote_sweep(hak_heap_t* heap) {
   /* The others go back as they were linked, around the blocks dropped. */
   hak_block_t *first = NULL, *last = NULL;
   bool dropped = false;
+  size_t i = 0;
   for (hak_block_t *b = list, *next; b != NULL; b = next) {
-    next = hak_block_next_remote(b);
+    next = in_array ? (++i < n ? blocks[i] : NULL) : hak_block_next_remote(b);
     if (any) {
       hak_segment_t* seg = hak_segment_of(b);
-      if (hak_segment_heap(seg) == heap && sweep_find(slots, mask, hak_page_of(seg, b))->count == UINT32_MAX) {
+      sweep_slot_t* slot = hak_segment_heap(seg) == heap ? sweep_find(slots, mask, hak_page_of(seg, b)) : NULL;
+      if (slot != NULL && slot->count == UINT32_MAX) {
         dropped = true;
         continue;
       }
@@ -194,6 +208,7 @@ void hak_remote_sweep(hak_heap_t* heap) {
   }
   if (slots == sweep_static) memset(sweep_static, 0, sizeof sweep_static);
   else hak_os_unmap(slots, size * sizeof(sweep_slot_t));
+  if (blocks != NULL) hak_os_unmap(blocks, cap * sizeof(hak_block_t*));
   if (first != NULL) {
     hak_remote_push_chain(heap, first, last); /* (links last to the list's head) */
     heap->sweep_left = first;
