@@ -102,11 +102,12 @@ void hak_remote_collect(hak_heap_t* heap) {
  * memory for good.  The sweeper (hak_heaps_sweep, from other threads' page
  * events, every purge delay) takes such a heap's remote list when its thread
  * has neither collected nor refilled for HAK_DORMANT_MS, and gives the memory
- * of each full page whose every block is on it back to the system.  It touches only full
- * pages (in_full: in no queue, so the owner's fast paths never reach them) all
- * of whose blocks it holds (so no free can reach them either): their memory
- * is purged and the page goes on the heap's reclaimed list, for the owner to
- * retire when it collects again.  The other blocks go back on the list. */
+ * of each full page whose every block is on it back to the system.  It
+ * touches only full pages (in_full: in no queue, so the owner's fast paths
+ * never reach them) all of whose blocks it holds (so no free can reach them
+ * either): their memory is purged and the page goes on the heap's reclaimed
+ * list, for the owner to retire when it collects again.  The other blocks go
+ * back on the list. */
 
 /* The pages of the list's blocks and their counts: an open-addressed table
  * with room for every page the heap's segments can hold (under the heaps
