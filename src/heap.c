@@ -459,9 +459,7 @@ void hak_heaps_collect_spare(hak_heap_t* heap) {
     if (!hak_remote_pending(h)) continue;
     hak_block_t* list = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
     if (list == NULL) continue;
-    hak_block_t* tail = list;
-    for (hak_block_t* next; (next = hak_block_next_remote(tail)) != NULL;) tail = next;
-    hak_block_set_next(tail, all);
+    hak_block_set_next(hak_remote_tail(list), all);
     all = list;
   }
   pthread_mutex_unlock(&heaps_lock);

@@ -930,6 +930,7 @@ void hak_thread_register(hak_heap_t* heap);
 /* remote.c */
 void hak_remote_push(hak_heap_t* heap, hak_block_t* b);
 void hak_remote_push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* last);
+hak_block_t* hak_remote_tail(hak_block_t* list); /* the last block of a non-empty list */
 void hak_remote_free(hak_heap_t* self, hak_heap_t* owner, const hak_page_t* page, hak_block_t* b);
 void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);

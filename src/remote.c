@@ -30,6 +30,11 @@ void hak_remote_push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* la
 
 void hak_remote_push(hak_heap_t* heap, hak_block_t* b) { hak_remote_push_chain(heap, b, b); }
 
+hak_block_t* hak_remote_tail(hak_block_t* list) {
+  for (hak_block_t* next; (next = hak_block_next_remote(list)) != NULL;) list = next;
+  return list;
+}
+
 void hak_remote_flush(hak_heap_t* self) {
   if (self->outbox_count == 0) return;
   /* The blocks' heap may have been abandoned and absorbed (its segments,
@@ -139,9 +144,7 @@ void hak_remote_sweep(hak_heap_t* heap) {
   sweep_slot_t* slots = sweep_static;
   if (pages > HAK_SWEEP_STATIC_PAGES) slots = hak_os_map(size * sizeof(sweep_slot_t));
   if (slots == NULL) { /* no room to count in: the list goes back as it was */
-    hak_block_t* last = list;
-    for (hak_block_t* next; (next = hak_block_next_remote(last)) != NULL;) last = next;
-    hak_remote_push_chain(heap, list, last);
+    hak_remote_push_chain(heap, list, hak_remote_tail(list));
     return;
   }
   size_t mask = (slots == sweep_static ? 2 * HAK_SWEEP_STATIC_PAGES : size) - 1;
