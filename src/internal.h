@@ -609,11 +609,14 @@ HAK_INLINE uint32_t hak_unit_mask(unsigned idx, unsigned n) {
 /* A page's div_magic for blocks of bs bytes (see hak_page_t). */
 HAK_INLINE uint64_t hak_div_magic(uint32_t bs) { return UINT64_MAX / bs + 1; }
 
-/* The segment-map entry covering p. */
+/* The segment-map entry covering p.  A plain load, which free compares in
+ * memory (one instruction): the byte of a live block's segment was written
+ * before the block was handed out, and is not written again until the
+ * segment is given back, so a valid free never races with a write to it. */
 HAK_INLINE unsigned hak_segmap_get(const void* p) {
   uintptr_t idx = (uintptr_t)p >> HAK_SEG_SHIFT;
   if (unlikely(idx >= HAK_SEGMAP_SIZE)) return HAK_MAP_NONE;
-  return __atomic_load_n(&hak_segmap[idx], __ATOMIC_RELAXED);
+  return hak_segmap[idx];
 }
 
 /* The 2 MiB unit of p, which is p's segment if the map says HAK_MAP_SEGMENT. */
@@ -816,7 +819,11 @@ HAK_INLINE void hak_free_inline(void* p) {
     hak_free_special(p);
     return;
   }
-  hak_segment_t* seg = hak_segment_of(p);
+  /* The segment from its map index, not from p (p then needs one register
+   * copy fewer; the empty asm keeps the compiler from masking p instead). */
+  uintptr_t idx = (uintptr_t)p >> HAK_SEG_SHIFT;
+  __asm__("" : "+r"(idx));
+  hak_segment_t* seg = (hak_segment_t*)(idx << HAK_SEG_SHIFT);
   hak_page_t* page = hak_page_of(seg, p);
   if (likely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) == hak_thread_id() &&
              hak_is_block_start(page, p))) {
