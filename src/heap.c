@@ -695,7 +695,7 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
     uint32_t slow_calls = atomic_load_explicit(&h->slow_calls, memory_order_relaxed);
     hak_block_t* head = atomic_load_explicit(&h->remote, memory_order_relaxed);
     if (all) {
-      if (head != NULL) hak_remote_sweep(h);
+      if (head != NULL) hak_remote_sweep(h, true);
     } else if (head == NULL || !h->sweep_armed || slow_calls != h->sweep_slow_calls) {
       /* Looked at again later: swept once its thread has made no slow call
        * for HAK_DORMANT_MS while frees waited. */
@@ -703,9 +703,16 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
       h->sweep_slow_calls = slow_calls;
       h->sweep_armed_ms = now_ms;
       h->sweep_left = NULL;
+      h->sweep_gap_ms = 0;
     } else if ((int32_t)(now_ms - h->sweep_armed_ms) >= HAK_DORMANT_MS &&
                head != h->sweep_left) { /* (else nothing came since its last sweep) */
-      hak_remote_sweep(h);
+      /* A sweep in vain (frees trickling in, few pages freed whole yet)
+       * makes the next wait twice as long: walks of a long list cost the
+       * sweeping thread ~250 ns a block (docs/BENCHMARKS.md). */
+      if (hak_remote_sweep(h, false)) h->sweep_gap_ms = 0;
+      else h->sweep_gap_ms = h->sweep_gap_ms == 0 ? HAK_DORMANT_MS
+                             : h->sweep_gap_ms < HAK_SWEEP_GAP_MAX_MS / 2 ? 2 * h->sweep_gap_ms : HAK_SWEEP_GAP_MAX_MS;
+      h->sweep_armed_ms = now_ms - HAK_DORMANT_MS + h->sweep_gap_ms; /* (due then) */
     }
   }
   pthread_mutex_unlock(&heaps_lock);

@@ -119,6 +119,12 @@ void hak_heap_check(struct hak_heap_s* heap);
  * many a page of the heap's, and no more than the second. */
 #define HAK_SWEEP_BLOCKS_PER_PAGE 1024
 #define HAK_SWEEP_BLOCKS_MAX ((size_t)1 << 21)
+/* The blocks a sweep walks at most (malloc_trim's: all): 10-20 ms of the
+ * sweeping thread's time (remote.c). */
+#define HAK_SWEEP_WALK_MAX ((size_t)1 << 16)
+/* A heap swept in vain waits twice as long as the last time for its next
+ * sweep, up to this (remote.c). */
+#define HAK_SWEEP_GAP_MAX_MS 60000
 /* A thread's outbox flushes between two looks of its at the dormant heaps. */
 #define HAK_SWEEP_FLUSHES 64
 /* Remote frees (of blocks up to HAK_SMALL_MAX) a thread batches for one owner
@@ -306,7 +312,8 @@ struct hak_heap_s {
   uint32_t sweep_slow_calls;
   uint32_t sweep_armed_ms;
   bool sweep_armed;
-  hak_block_t* sweep_left;
+  hak_block_t* sweep_left;  /* the list's head as the last sweep left it */
+  uint32_t sweep_gap_ms;    /* its next sweep's wait after the last (remote.c) */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   /* Full pages whose every block another thread found on remote, and purged
@@ -943,7 +950,7 @@ void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
 void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from);
-void hak_remote_sweep(hak_heap_t* heap);
+bool hak_remote_sweep(hak_heap_t* heap, bool whole);
 /* A slow path of heap's thread: it is not dormant. */
 HAK_INLINE void hak_heap_note_slow(hak_heap_t* heap) {
   atomic_store_explicit(&heap->slow_calls, atomic_load_explicit(&heap->slow_calls, memory_order_relaxed) + 1,
@@ -1043,6 +1050,7 @@ typedef struct hak_counters_s {
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
   _Atomic size_t huge_live, huge_live_bytes; /* huge blocks out now, and their mappings */
   _Atomic size_t reclaimed_pages; /* full pages of dormant heaps freed whole by others, purged */
+  _Atomic size_t sweep_walked;    /* blocks of their lists the sweeps read */
 } hak_counters_t;
 extern hak_counters_t hak_counters;
 #define hak_count(field, n) atomic_fetch_add_explicit(&hak_counters.field, (n), memory_order_relaxed)

@@ -134,26 +134,57 @@ static sweep_slot_t* sweep_find(sweep_slot_t* slots, size_t mask, hak_page_t* pa
   return NULL;
 }
 
-/* Sweeps heap, a live thread's but not the caller's (under the heaps lock). */
-void hak_remote_sweep(hak_heap_t* heap) {
+/* Puts back on heap's list a chain the sweeper took from it.  Its last block
+ * is known if the walk reached it; if not (a walk cut short), the chain goes
+ * back while the list is empty, after what others pushed meanwhile (a few
+ * blocks, whose last is found by walking them). */
+static void sweep_put_back(hak_heap_t* heap, hak_block_t* first, hak_block_t* last) {
+  for (unsigned tries = 0; last == NULL && tries < 64; tries++) {
+    hak_block_t* empty = NULL;
+    if (atomic_compare_exchange_strong_explicit(&heap->remote, &empty, first, memory_order_release,
+                                                memory_order_relaxed))
+      return;
+    hak_block_t* newer = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
+    if (newer != NULL) {
+      hak_block_set_next(hak_remote_tail(newer), first);
+      first = newer;
+    }
+  }
+  hak_remote_push_chain(heap, first, last != NULL ? last : hak_remote_tail(first));
+}
+
+/* Sweeps heap, a live thread's but not the caller's (under the heaps lock),
+ * and tells whether that was worth it: whether at least an eighth of the
+ * blocks it read were of pages it freed.  Walking the list is most of a
+ * sweep's time (its blocks lie scattered), so it reads at most
+ * HAK_SWEEP_WALK_MAX blocks from the list's head, the newest frees, where
+ * the pages freed whole lately are (all of them for malloc_trim: whole). */
+bool hak_remote_sweep(hak_heap_t* heap, bool whole) {
   hak_block_t* list = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
   heap->sweep_left = NULL;
-  if (list == NULL) return;
+  if (list == NULL) return false;
   size_t pages = hak_segments_held(heap) * (HAK_UNITS - 1), size = 64;
   while (size < 2 * pages) size *= 2; /* at most half full */
   sweep_slot_t* slots = sweep_static;
   if (pages > HAK_SWEEP_STATIC_PAGES) slots = hak_os_map(size * sizeof(sweep_slot_t));
   if (slots == NULL) { /* no room to count in: the list goes back as it was */
-    hak_remote_push_chain(heap, list, hak_remote_tail(list));
-    return;
+    sweep_put_back(heap, list, NULL);
+    return false;
   }
   size_t mask = (slots == sweep_static ? 2 * HAK_SWEEP_STATIC_PAGES : size) - 1;
-  /* The blocks in order too, so that the second pass reads the array, not
-   * the blocks (scattered: most of the time of a sweep). */
+  /* The blocks walked, in order, so that the second pass reads the array,
+   * not the blocks. */
+  size_t budget = whole ? SIZE_MAX : HAK_SWEEP_WALK_MAX;
   size_t cap = pages * HAK_SWEEP_BLOCKS_PER_PAGE, n = 0;
   if (cap > HAK_SWEEP_BLOCKS_MAX) cap = HAK_SWEEP_BLOCKS_MAX;
+  if (cap > budget) cap = budget;
   hak_block_t** blocks = hak_os_map(cap * sizeof(hak_block_t*));
+  hak_block_t* rest = NULL; /* the first block not walked */
   for (hak_block_t* b = list; b != NULL; b = hak_block_next_remote(b)) {
+    if (n == budget) {
+      rest = b;
+      break;
+    }
     if (blocks != NULL && n < cap) blocks[n] = b;
     n++;
     hak_segment_t* seg = hak_segment_of(b);
@@ -165,6 +196,7 @@ void hak_remote_sweep(hak_heap_t* heap) {
     slot->page = page;
     slot->count++;
   }
+  hak_count(sweep_walked, n);
   bool in_array = blocks != NULL && n <= cap;
   /* Full since its last block went out (in_full is set only then, and a free
    * of the page clears it): all its blocks are here if as many as it holds. */
@@ -177,23 +209,23 @@ void hak_remote_sweep(hak_heap_t* heap) {
     }
   }
   /* The others go back as they were linked, around the blocks dropped. */
-  hak_block_t *first = NULL, *last = NULL;
+  hak_block_t *first = NULL, *last = NULL, *b = list;
+  size_t kept = 0;
   bool dropped = false;
-  size_t i = 0;
-  for (hak_block_t *b = list, *next; b != NULL; b = next) {
-    next = in_array ? (++i < n ? blocks[i] : NULL) : hak_block_next_remote(b);
-    if (any) {
-      hak_segment_t* seg = hak_segment_of(b);
-      sweep_slot_t* slot = hak_segment_heap(seg) == heap ? sweep_find(slots, mask, hak_page_of(seg, b)) : NULL;
-      if (slot != NULL && slot->count == UINT32_MAX) {
-        dropped = true;
-        continue;
-      }
+  for (size_t i = 0; i < n; i++) {
+    hak_block_t* next = in_array ? (i + 1 < n ? blocks[i + 1] : rest) : hak_block_next_remote(b);
+    hak_segment_t* seg = hak_segment_of(b);
+    sweep_slot_t* slot = any && hak_segment_heap(seg) == heap ? sweep_find(slots, mask, hak_page_of(seg, b)) : NULL;
+    if (slot != NULL && slot->count == UINT32_MAX) {
+      dropped = true;
+    } else {
+      if (last == NULL) first = b;
+      else if (dropped) hak_block_set_next(last, b);
+      last = b;
+      kept++;
+      dropped = false;
     }
-    if (last == NULL) first = b;
-    else if (dropped) hak_block_set_next(last, b);
-    last = b;
-    dropped = false;
+    b = next;
   }
   for (size_t i = 0; i <= mask; i++) {
     hak_page_t* page = slots[i].page;
@@ -213,10 +245,16 @@ void hak_remote_sweep(hak_heap_t* heap) {
   if (slots == sweep_static) memset(sweep_static, 0, sizeof sweep_static);
   else hak_os_unmap(slots, size * sizeof(sweep_slot_t));
   if (blocks != NULL) hak_os_unmap(blocks, cap * sizeof(hak_block_t*));
-  if (first != NULL) {
-    hak_remote_push_chain(heap, first, last); /* (links last to the list's head) */
-    heap->sweep_left = first;
+  if (last != NULL && dropped) hak_block_set_next(last, rest);
+  hak_block_t* back = first != NULL ? first : rest;
+  bool worth = (n - kept) * 8 >= n;
+  if (back != NULL) {
+    sweep_put_back(heap, back, rest == NULL ? last : NULL);
+    /* A walk cut short that freed pages is made again (its window now
+     * reaches deeper) even if no block comes meanwhile. */
+    heap->sweep_left = rest != NULL && worth ? NULL : back;
   }
+  return worth;
 }
 
 /* Retires into heap the pages swept from from's (heap itself, or an

@@ -392,6 +392,119 @@ static void test_dormant_sweep(void) {
   dormant_sweep(true);
 }
 
+/* A dormant heap's list longer than a sweep walks: the periodic sweep reads
+ * HAK_SWEEP_WALK_MAX blocks, the newest, and puts the rest back untouched
+ * (without knowing its last block); malloc_trim reads them all.  No block
+ * is lost on the way. */
+enum { LONG_BLOCKS = 2 * HAK_SWEEP_WALK_MAX + 8192, LONG_LATER = 200 };
+static void* long_blocks[LONG_BLOCKS];
+static hak_heap_t* long_heap;
+static pthread_barrier_t long_step;
+
+static void* long_owner(void* arg) {
+  int count = *(int*)arg;
+  for (int i = 0; i < count; i++) REQUIRE((long_blocks[i] = hak_malloc(16)) != NULL);
+  long_heap = hak_tls_heap;
+  pthread_barrier_wait(&long_step); /* handed over */
+  pthread_barrier_wait(&long_step); /* swept meanwhile */
+  hak_remote_collect(hak_tls_heap);
+  CHECK(atomic_load(&long_heap->reclaimed) == NULL);
+  hak_heap_check(hak_tls_heap);
+  pthread_barrier_wait(&long_step);
+  return NULL;
+}
+
+/* Blocks on heap's list and in the pages swept off it. */
+static size_t long_accounted(hak_heap_t* heap) {
+  size_t n = remote_length(heap);
+  for (hak_page_t* page = atomic_load(&heap->reclaimed); page != NULL; page = page->prev) n += page->reserved;
+  return n;
+}
+
+static size_t walked_since(size_t* mark) {
+  size_t now = atomic_load(&hak_counters.sweep_walked), d = now - *mark;
+  *mark = now;
+  return d;
+}
+
+static void long_start(pthread_t* owner, int* count) {
+  REQUIRE(pthread_barrier_init(&long_step, NULL, 2) == 0);
+  REQUIRE(pthread_create(owner, NULL, long_owner, count) == 0);
+  pthread_barrier_wait(&long_step);
+}
+
+static void long_end(pthread_t owner) {
+  pthread_barrier_wait(&long_step);
+  pthread_barrier_wait(&long_step); /* it collected */
+  pthread_join(owner, NULL);
+  pthread_barrier_destroy(&long_step);
+}
+
+static void test_sweep_bounded(void) {
+  pthread_t owner;
+  int count = LONG_BLOCKS;
+  long_start(&owner, &count);
+  for (int i = 0; i < LONG_BLOCKS - LONG_LATER; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  size_t listed = remote_length(long_heap); /* (a block of an earlier test's may wait there too) */
+  REQUIRE(listed >= LONG_BLOCKS - LONG_LATER);
+  size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages), mark = 0;
+  walked_since(&mark);
+  uint32_t t = hak_now_ms() + 3000000; /* beyond the times of test_dormant_sweep */
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS, false);
+  CHECK(walked_since(&mark) == HAK_SWEEP_WALK_MAX);
+  CHECK(atomic_load(&hak_counters.reclaimed_pages) > reclaimed); /* pages of the newest blocks */
+  CHECK(long_accounted(long_heap) == listed);
+  /* Worth it: the next frees are swept as soon as they come. */
+  for (int i = LONG_BLOCKS - LONG_LATER; i < LONG_BLOCKS; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS + 200, false);
+  CHECK(walked_since(&mark) == HAK_SWEEP_WALK_MAX);
+  CHECK(long_accounted(long_heap) == listed + LONG_LATER);
+  /* malloc_trim: the whole list, and every page all of whose blocks are there. */
+  size_t left = remote_length(long_heap);
+  CHECK(hak_trim());
+  CHECK(walked_since(&mark) >= left);
+  CHECK(long_accounted(long_heap) == listed + LONG_LATER);
+  size_t of_full = 0; /* blocks left of full pages: none (the owner's current page is not full) */
+  for (hak_block_t* b = atomic_load(&long_heap->remote); b != NULL; b = hak_block_next_remote(b))
+    of_full += hak_page_of(hak_segment_of(b), b)->in_full;
+  CHECK(of_full == 0);
+  long_end(owner);
+}
+
+/* A sweep in vain (no page freed whole: the blocks are of the owner's
+ * current page) doubles the heap's wait for its next one. */
+static void test_sweep_backoff(void) {
+  pthread_t owner;
+  int count = 100;
+  long_start(&owner, &count);
+  size_t mark = 0;
+  walked_since(&mark);
+  for (int i = 0; i < 50; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  uint32_t t = hak_now_ms() + 4000000;
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS, false);
+  size_t first = walked_since(&mark);
+  CHECK(first >= 50); /* (and an earlier test's block, maybe) */
+  hak_free(long_blocks[50]);
+  hak_remote_flush(hak_tls_heap);
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS + 500, false);
+  CHECK(walked_since(&mark) == 0); /* waits a second */
+  hak_heaps_sweep(hak_tls_heap, t + 2 * HAK_DORMANT_MS, false);
+  CHECK(walked_since(&mark) == first + 1);
+  hak_free(long_blocks[51]);
+  hak_remote_flush(hak_tls_heap);
+  hak_heaps_sweep(hak_tls_heap, t + 3 * HAK_DORMANT_MS + 500, false);
+  CHECK(walked_since(&mark) == 0); /* then two */
+  hak_heaps_sweep(hak_tls_heap, t + 4 * HAK_DORMANT_MS, false);
+  CHECK(walked_since(&mark) == first + 2);
+  long_end(owner);
+  for (int i = 52; i < 100; i++) hak_free(long_blocks[i]);
+}
+
 /* ---- abandonment ------------------------------------------------------------ */
 
 static void* leaver_heap;
@@ -557,6 +670,8 @@ int main(void) {
   test_remote_free();
   test_remote_outbox();
   test_dormant_sweep();
+  test_sweep_bounded();
+  test_sweep_backoff();
   test_abandon_adopt();
   test_absorb_after_delay();
   test_huge_cache_and_remap();
