@@ -12,10 +12,6 @@
 
 #include "internal.h"
 
-/* The four entry points start cache lines: where they fall otherwise moves
- * with every change to the code before them, and their speed with it (a
- * 16-byte shift cost realloc growth 5%; docs/BENCHMARKS.md). */
-#define HAK_ENTRY HAK_API __attribute__((aligned(64)))
 HAK_ENTRY void* malloc(size_t size) { return hak_alloc_inline(size); }
 HAK_ENTRY void free(void* p) { hak_free_inline(p); }
 HAK_ENTRY void* calloc(size_t count, size_t size) { return hak_calloc(count, size); }
