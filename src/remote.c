@@ -135,22 +135,16 @@ static sweep_slot_t* sweep_find(sweep_slot_t* slots, size_t mask, hak_page_t* pa
 }
 
 /* Puts back on heap's list a chain the sweeper took from it.  Its last block
- * is known if the walk reached it; if not (a walk cut short), the chain goes
- * back while the list is empty, after what others pushed meanwhile (a few
- * blocks, whose last is found by walking them). */
+ * is known if the walk reached it; if not (a walk cut short), the chain takes
+ * the list's place, and what others pushed meanwhile (a few blocks, walked
+ * to their end) goes back on top: bounded work however busy the list. */
 static void sweep_put_back(hak_heap_t* heap, hak_block_t* first, hak_block_t* last) {
-  for (unsigned tries = 0; last == NULL && tries < 64; tries++) {
-    hak_block_t* empty = NULL;
-    if (atomic_compare_exchange_strong_explicit(&heap->remote, &empty, first, memory_order_release,
-                                                memory_order_relaxed))
-      return;
-    hak_block_t* newer = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
-    if (newer != NULL) {
-      hak_block_set_next(hak_remote_tail(newer), first);
-      first = newer;
-    }
+  if (last != NULL) {
+    hak_remote_push_chain(heap, first, last);
+    return;
   }
-  hak_remote_push_chain(heap, first, last != NULL ? last : hak_remote_tail(first));
+  hak_block_t* newer = atomic_exchange_explicit(&heap->remote, first, memory_order_acq_rel);
+  if (newer != NULL) hak_remote_push_chain(heap, newer, hak_remote_tail(newer));
 }
 
 /* Sweeps heap, a live thread's but not the caller's (under the heaps lock),
@@ -160,6 +154,8 @@ static void sweep_put_back(hak_heap_t* heap, hak_block_t* first, hak_block_t* la
  * HAK_SWEEP_WALK_MAX blocks from the list's head, the newest frees, where
  * the pages freed whole lately are (all of them for malloc_trim: whole). */
 bool hak_remote_sweep(hak_heap_t* heap, bool whole) {
+  /* The budget grows with the heap's wait, so that the whole list is read in
+   * the end at a bounded cost a second (a burst of frees in no order). */
   hak_block_t* list = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
   heap->sweep_left = NULL;
   if (list == NULL) return false;
@@ -174,7 +170,7 @@ bool hak_remote_sweep(hak_heap_t* heap, bool whole) {
   size_t mask = (slots == sweep_static ? 2 * HAK_SWEEP_STATIC_PAGES : size) - 1;
   /* The blocks walked, in order, so that the second pass reads the array,
    * not the blocks. */
-  size_t budget = whole ? SIZE_MAX : HAK_SWEEP_WALK_MAX;
+  size_t budget = whole ? SIZE_MAX : HAK_SWEEP_WALK_MAX * (1 + heap->sweep_gap_ms / 1000);
   size_t cap = pages * HAK_SWEEP_BLOCKS_PER_PAGE, n = 0;
   if (cap > HAK_SWEEP_BLOCKS_MAX) cap = HAK_SWEEP_BLOCKS_MAX;
   if (cap > budget) cap = budget;

@@ -459,7 +459,7 @@ static void test_sweep_bounded(void) {
   /* Worth it: the next frees are swept as soon as they come. */
   for (int i = LONG_BLOCKS - LONG_LATER; i < LONG_BLOCKS; i++) hak_free(long_blocks[i]);
   hak_remote_flush(hak_tls_heap);
-  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS + 200, false);
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS + 2 * (uint32_t)HAK_POLICY(purge_delay_ms) + HAK_SWEEP_MIN_MS, false);
   CHECK(walked_since(&mark) == HAK_SWEEP_WALK_MAX);
   CHECK(long_accounted(long_heap) == listed + LONG_LATER);
   /* malloc_trim: the whole list, and every page all of whose blocks are there. */
