@@ -66,7 +66,7 @@ static bool realloc_grow_in_place(hak_segment_t* seg, hak_page_t* page, void* p,
  * run): on this project's machines (AMD EPYC) realloc growth runs 10%
  * faster so than with the function at the line's start or 16 bytes in,
  * where it fell as the code before it grew (docs/BENCHMARKS.md). */
-HAK_API __attribute__((aligned(64), patchable_function_entry(32, 32))) void* hak_realloc(void* p, size_t size) {
+HAK_ENTRY __attribute__((patchable_function_entry(32, 32))) void* hak_realloc(void* p, size_t size) {
   if (p == NULL) return hak_alloc_inline(size);
   if (size == 0) { /* glibc frees and returns NULL */
     hak_free_inline(p);

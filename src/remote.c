@@ -154,8 +154,6 @@ static void sweep_put_back(hak_heap_t* heap, hak_block_t* first, hak_block_t* la
  * HAK_SWEEP_WALK_MAX blocks from the list's head, the newest frees, where
  * the pages freed whole lately are (all of them for malloc_trim: whole). */
 bool hak_remote_sweep(hak_heap_t* heap, bool whole) {
-  /* The budget grows with the heap's wait, so that the whole list is read in
-   * the end at a bounded cost a second (a burst of frees in no order). */
   hak_block_t* list = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
   heap->sweep_left = NULL;
   if (list == NULL) return false;
@@ -170,6 +168,8 @@ bool hak_remote_sweep(hak_heap_t* heap, bool whole) {
   size_t mask = (slots == sweep_static ? 2 * HAK_SWEEP_STATIC_PAGES : size) - 1;
   /* The blocks walked, in order, so that the second pass reads the array,
    * not the blocks. */
+  /* The budget grows with the heap's wait, so that the whole list is read in
+   * the end at a bounded cost a second (a burst of frees in no order). */
   size_t budget = whole ? SIZE_MAX : HAK_SWEEP_WALK_MAX * (1 + heap->sweep_gap_ms / 1000);
   size_t cap = pages * HAK_SWEEP_BLOCKS_PER_PAGE, n = 0;
   if (cap > HAK_SWEEP_BLOCKS_MAX) cap = HAK_SWEEP_BLOCKS_MAX;
