@@ -15,12 +15,19 @@
  * main thread here: worst_us is the longest single call, and done the share
  * of the frees it got through in the time.
  *
+ * With --spread F the frees take that share of the time instead of 80%; 0
+ * frees them all at once, in the first millisecond (a burst).
+ *
  * Output: one line on stdout, e.g.
  *   trickle blocks=1000000 size=48 seconds=3 freed=1000000 done=1.000
- *   worst_us=... mean_ns=... calls=... rss_end_kib=... allocator=...
- *   malloc_from=... peak_rss_kib=...
- * rss_end_kib is the RSS at the end (/proc/self/statm): what came back of
- * the idle thread's memory while the main thread ran on.
+ *   worst_us=... mean_ns=... calls=... rss_freed_kib=... rss_halved_s=...
+ *   rss_idle_kib=... rss_end_kib=... allocator=... malloc_from=...
+ *   peak_rss_kib=...
+ * RSS from /proc/self/statm: rss_freed_kib once the last block was freed,
+ * rss_halved_s how long after that it first fell below half that (-1:
+ * never), rss_idle_kib at the end with the idle thread still alive (what
+ * came back of its memory while the main thread ran on), rss_end_kib after
+ * the idle thread ended.
  * (on one line).  The allocator is chosen at run time with LD_PRELOAD.
  */
 #define _GNU_SOURCE
@@ -35,7 +42,7 @@
 #include "bench_common.h"
 
 static uint64_t opt_blocks = 1000000, opt_size = 48;
-static double opt_seconds = 3;
+static double opt_seconds = 3, opt_spread = 0.8;
 
 static void **blocks;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -94,7 +101,7 @@ int main(int argc, char **argv)
         char name[64];
         const char *val;
         if (!bench_option("trickle", argc, argv, &i, name, sizeof name, &val)) {
-            printf("usage: trickle [--blocks N] [--size B] [--seconds S]\n");
+            printf("usage: trickle [--blocks N] [--size B] [--seconds S] [--spread F]\n");
             return 0;
         }
         if (!strcmp(name, "--blocks"))
@@ -103,11 +110,13 @@ int main(int argc, char **argv)
             opt_size = bench_parse_size(name, val);
         else if (!strcmp(name, "--seconds"))
             opt_seconds = bench_parse_seconds(name, val);
+        else if (!strcmp(name, "--spread"))
+            opt_spread = atof(val);
         else
             bench_unknown_option("trickle", name);
     }
-    if (opt_blocks < 1 || opt_size < 1 || opt_seconds <= 0) {
-        fprintf(stderr, "trickle: --blocks, --size and --seconds must be positive\n");
+    if (opt_blocks < 1 || opt_size < 1 || opt_seconds <= 0 || !(opt_spread >= 0 && opt_spread < 1)) {
+        fprintf(stderr, "trickle: --blocks, --size and --seconds must be positive, --spread in [0, 1)\n");
         return 2;
     }
     blocks = calloc(opt_blocks, sizeof *blocks);
@@ -131,7 +140,10 @@ int main(int argc, char **argv)
         blocks[j] = x;
     }
 
-    uint64_t per_ms = (uint64_t)(opt_blocks / (opt_seconds * 1000 * 0.8)) + 1, freed = 0;
+    uint64_t per_ms = opt_spread > 0 ? (uint64_t)(opt_blocks / (opt_seconds * 1000 * opt_spread)) + 1 : opt_blocks;
+    uint64_t freed = 0;
+    long rss_freed = -1; /* RSS once the last block was freed */
+    double freed_at = 0, drop_at = -1;
     double worst = 0, total = 0, start = bench_now();
     uint64_t calls = 0;
     void *own[64] = {0};
@@ -162,8 +174,17 @@ int main(int argc, char **argv)
             if (e > worst)
                 worst = e;
         }
+        if (freed == opt_blocks) {
+            if (rss_freed < 0) {
+                rss_freed = rss_kib();
+                freed_at = bench_now();
+            } else if (drop_at < 0 && rss_kib() < rss_freed / 2) {
+                drop_at = bench_now() - freed_at;
+            }
+        }
         usleep(1000);
     }
+    long rss_idle = rss_kib();
     for (int k = 0; k < 64; k++)
         free(own[k]);
     pthread_mutex_lock(&lock);
@@ -172,10 +193,10 @@ int main(int argc, char **argv)
     pthread_mutex_unlock(&lock);
     pthread_join(t, NULL);
     printf("trickle blocks=%llu size=%llu seconds=%g freed=%llu done=%.3f worst_us=%.0f mean_ns=%.0f calls=%llu"
-           " rss_end_kib=%ld",
+           " rss_freed_kib=%ld rss_halved_s=%.2f rss_idle_kib=%ld rss_end_kib=%ld",
            (unsigned long long)opt_blocks, (unsigned long long)opt_size, opt_seconds,
            (unsigned long long)freed, (double)freed / (double)opt_blocks, worst * 1e6,
-           total / (double)calls * 1e9, (unsigned long long)calls, rss_kib());
+           total / (double)calls * 1e9, (unsigned long long)calls, rss_freed, drop_at, rss_idle, rss_kib());
     bench_report_tail();
     while (freed < opt_blocks)
         free(blocks[freed++]);

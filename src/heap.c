@@ -216,12 +216,18 @@ HAK_NOINLINE void* hak_alloc_slow(hak_heap_t* heap, size_t size) {
   return p;
 }
 
+static HAK_NOINLINE HAK_COLD void heap_check_purge(hak_heap_t* heap) { hak_heap_purge_if_due(heap, hak_now_ms()); }
+
 /* The fast path found its class's current page without a free block: the
  * page names the class, so the refill starts from the class's queue (the
  * sentinel page means the thread has no heap yet; the profiling build's
  * countdown also ends here, with a free block left). */
 void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
   if (HAK_PROF || page == &hak_page_empty) return hak_alloc_slow(heap, size);
+  /* The purge delay is checked on page events; a thread in a steady state
+   * (its pages neither made nor emptied) checks it every 64 refills, and so
+   * gives back what waited and looks at the dormant heaps. */
+  if (unlikely((heap->refills += 4) == 0)) heap_check_purge(heap);
   unsigned cls = page->cls;
   hak_page_t* next = page->next;
   void* p;
@@ -568,6 +574,11 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   hak_remote_flush(heap);
   global_heap_collect();
   abandoned_collect();
+  if (__atomic_load_n(&heap->sweep, __ATOMIC_RELAXED) != NULL) { /* its list back first, to be collected now */
+    pthread_mutex_lock(&heaps_lock);
+    hak_remote_sweep_end(heap);
+    pthread_mutex_unlock(&heaps_lock);
+  }
   heap_trim_abandoned(heap, false);
   if (__atomic_load_n(&hak_heap_dead.kind, __ATOMIC_ACQUIRE) != HAK_HEAP_DEAD) {
     pthread_mutex_lock(&heaps_lock);
@@ -580,6 +591,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   hak_segments_set_owner(heap);
   heap->abandoned_ms = hak_now_ms();
   pthread_mutex_lock(&heaps_lock);
+  hak_remote_sweep_end(heap); /* (taken over meanwhile: the list waits for an heir) */
   hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
   heap->pool_next = *pool;
   __atomic_store_n(pool, heap, __ATOMIC_RELAXED); /* read unlocked in hak_heap_absorb_abandoned */
@@ -673,16 +685,21 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
 }
 
 /* Sweeps the dormant heaps (remote.c) once a purge delay at most (never if
- * memory is never purged), from a page event of any thread's or its remote
- * frees; with all (malloc_trim), every other thread's heap at once. */
+ * memory is never purged), from a page event or refill of any thread's or
+ * its remote frees; with all (malloc_trim), every other thread's heap at
+ * once, whole. */
 void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
   static _Atomic uint32_t next_ms;
+  static _Atomic bool behind; /* the last look left blocks unread */
+  static uint32_t last_ms;    /* (under the heaps lock) */
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if (!all) {
     if (delay < 0) return;
     uint32_t next = atomic_load_explicit(&next_ms, memory_order_relaxed);
     if (next != 0 && (int32_t)(now_ms - next) < 0) return; /* (0: none yet, whatever the clock) */
     uint32_t interval = delay > HAK_SWEEP_MIN_MS ? (uint32_t)delay : HAK_SWEEP_MIN_MS;
+    if (atomic_load_explicit(&behind, memory_order_relaxed) && interval > HAK_SWEEP_STEP_MS)
+      interval = HAK_SWEEP_STEP_MS;
     if (!atomic_compare_exchange_strong_explicit(&next_ms, &next, now_ms + interval, memory_order_relaxed,
                                                  memory_order_relaxed))
       return;
@@ -690,31 +707,39 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
   } else {
     pthread_mutex_lock(&heaps_lock);
   }
+  /* A look HAK_SWEEP_STEP_MS after the last reads a quarter of the most, one
+   * four times as late the most: the share of the looking threads' time stays
+   * bounded however often they look. */
+  uint32_t since = now_ms - last_ms;
+  size_t budget = all || since >= 4 * HAK_SWEEP_STEP_MS ? HAK_SWEEP_WALK_MAX
+                  : HAK_SWEEP_WALK_MAX / 4 * (since < HAK_SWEEP_STEP_MS ? 1 : since / HAK_SWEEP_STEP_MS);
+  if (all) budget = SIZE_MAX;
+  last_ms = now_ms;
   for (hak_heap_t* h = all_heaps; h != NULL; h = h->all_next) {
-    if (h == self || hak_heap_kind(h) != HAK_HEAP_THREAD) continue;
+    if (h == self) {
+      hak_remote_sweep_end(h); /* (awake) */
+      continue;
+    }
+    if (hak_heap_kind(h) != HAK_HEAP_THREAD) continue; /* (an ended thread's was given back) */
     uint32_t slow_calls = atomic_load_explicit(&h->slow_calls, memory_order_relaxed);
     hak_block_t* head = atomic_load_explicit(&h->remote, memory_order_relaxed);
-    if (all) {
-      if (head != NULL) hak_remote_sweep(h, true);
+    if (h->sweep != NULL && slow_calls != h->sweep_slow_calls) {
+      hak_remote_sweep_end(h); /* awake again */
+      h->sweep_armed = false;
+    } else if (h->sweep != NULL || (all && head != NULL)) {
+      h->sweep_slow_calls = slow_calls; /* (for the trim's: given back at the thread's next slow call) */
+      if (budget != 0) budget -= hak_remote_sweep(h, budget);
     } else if (head == NULL || !h->sweep_armed || slow_calls != h->sweep_slow_calls) {
-      /* Looked at again later: swept once its thread has made no slow call
-       * for HAK_DORMANT_MS while frees waited. */
+      /* Looked at again later: taken over once its thread has made no slow
+       * call for HAK_DORMANT_MS while frees waited. */
       h->sweep_armed = head != NULL;
       h->sweep_slow_calls = slow_calls;
       h->sweep_armed_ms = now_ms;
-      h->sweep_left = NULL;
-      h->sweep_gap_ms = 0;
-    } else if ((int32_t)(now_ms - h->sweep_armed_ms) >= HAK_DORMANT_MS &&
-               head != h->sweep_left) { /* (else nothing came since its last sweep) */
-      /* A sweep in vain (frees trickling in, few pages freed whole yet)
-       * makes the next wait twice as long: walks of a long list cost the
-       * sweeping thread ~250 ns a block (docs/BENCHMARKS.md). */
-      if (hak_remote_sweep(h, false)) h->sweep_gap_ms = 0;
-      else h->sweep_gap_ms = h->sweep_gap_ms == 0 ? HAK_DORMANT_MS
-                             : h->sweep_gap_ms < HAK_SWEEP_GAP_MAX_MS / 2 ? 2 * h->sweep_gap_ms : HAK_SWEEP_GAP_MAX_MS;
-      h->sweep_armed_ms = now_ms - HAK_DORMANT_MS + h->sweep_gap_ms; /* (due then) */
+    } else if ((int32_t)(now_ms - h->sweep_armed_ms) >= HAK_DORMANT_MS && budget != 0) {
+      budget -= hak_remote_sweep(h, budget);
     }
   }
+  if (!all) atomic_store_explicit(&behind, budget == 0, memory_order_relaxed);
   pthread_mutex_unlock(&heaps_lock);
 }
 
@@ -739,8 +764,11 @@ bool hak_trim(void) {
                   atomic_load_explicit(&hak_counters.munmap_calls, memory_order_relaxed);
   uint32_t now = hak_now_ms();
   hak_heap_t* heap = hak_tls_heap;
+  if (heap->kind == HAK_HEAP_THREAD) hak_remote_flush(heap);
+  /* What others freed into live heaps that do not collect (and this
+   * thread's own list back, if the sweeper held it, to be collected now). */
+  hak_heaps_sweep(heap, now, true);
   if (heap->kind == HAK_HEAP_THREAD) {
-    hak_remote_flush(heap);
     if (hak_remote_pending(heap)) hak_remote_collect(heap);
     for (unsigned c = 0; c < HAK_CLASSES; c++) {
       hak_page_t* page = heap->current[c];
@@ -752,7 +780,6 @@ bool hak_trim(void) {
     hak_heap_flush_empty(heap);
     hak_heap_purge(heap, now, true);
   }
-  hak_heaps_sweep(heap, now, true); /* what others freed into live heaps that do not collect */
   pthread_mutex_lock(&global_heap_lock);
   hak_heap_purge(&hak_heap_global, now, true);
   pthread_mutex_lock(&heaps_lock);

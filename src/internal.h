@@ -119,16 +119,12 @@ void hak_heap_check(struct hak_heap_s* heap);
  * this long while other threads' frees wait on it (a thread that waits a
  * moment for work is not: its pages would be faulted in again). */
 #define HAK_DORMANT_MS 1000
-/* The sweep keeps the blocks of the list in an array (mapped for it) of this
- * many a page of the heap's, and no more than the second. */
-#define HAK_SWEEP_BLOCKS_PER_PAGE 1024
-#define HAK_SWEEP_BLOCKS_MAX ((size_t)1 << 21)
-/* The blocks a sweep walks at most (malloc_trim's: all): 10-20 ms of the
- * sweeping thread's time (remote.c). */
+/* The blocks a look at the dormant heaps reads at most (malloc_trim's: all),
+ * 10-20 ms of the looking thread's time (~300 ns a block: remote.c), and a
+ * quarter of that at looks this close, their interval while a look has left
+ * blocks unread: a quarter of a thread's time at most (heap.c). */
 #define HAK_SWEEP_WALK_MAX ((size_t)1 << 16)
-/* A heap swept in vain waits twice as long as the last time for its next
- * sweep, up to this (remote.c). */
-#define HAK_SWEEP_GAP_MAX_MS 60000
+#define HAK_SWEEP_STEP_MS 20
 /* A thread's outbox flushes between two looks of its at the dormant heaps. */
 #define HAK_SWEEP_FLUSHES 64
 /* Remote frees (of blocks up to HAK_SMALL_MAX) a thread batches for one owner
@@ -164,6 +160,7 @@ typedef struct hak_block_s {
 #endif
 
 typedef struct hak_heap_s hak_heap_t;
+typedef struct hak_sweep_s hak_sweep_t;
 typedef struct hak_segment_s hak_segment_t;
 typedef struct hak_usage_s hak_usage_t;
 
@@ -290,6 +287,7 @@ struct hak_heap_s {
    * that finds no room lowers it to the most it saw, and units given back
    * raise it), so that a page no segment can hold does not walk them all. */
   uint32_t segments_room;
+  uint8_t refills;                      /* by 4, wraps every 64: a check of the purge delay (heap.c) */
   size_t segment_count;                 /* its segments (both lists) */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* heir_of;                  /* a live heap whose block this thread freed first, */
@@ -316,8 +314,7 @@ struct hak_heap_s {
   uint32_t sweep_slow_calls;
   uint32_t sweep_armed_ms;
   bool sweep_armed;
-  hak_block_t* sweep_left;  /* the list's head as the last sweep left it */
-  uint32_t sweep_gap_ms;    /* its next sweep's wait after the last (remote.c) */
+  hak_sweep_t* sweep;       /* what the sweeper holds of its list (remote.c) */
   /* Written by other threads: kept on a line of its own. */
   _Alignas(64) _Atomic(hak_block_t*) remote;
   /* Full pages whose every block another thread found on remote, and purged
@@ -954,7 +951,9 @@ void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
 void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from);
-bool hak_remote_sweep(hak_heap_t* heap, bool whole);
+size_t hak_remote_sweep(hak_heap_t* heap, size_t budget);
+void hak_remote_sweep_end(hak_heap_t* heap);
+size_t hak_remote_swept_held(hak_heap_t* heap);
 /* A slow path of heap's thread: it is not dormant. */
 HAK_INLINE void hak_heap_note_slow(hak_heap_t* heap) {
   atomic_store_explicit(&heap->slow_calls, atomic_load_explicit(&heap->slow_calls, memory_order_relaxed) + 1,

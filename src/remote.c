@@ -105,152 +105,153 @@ void hak_remote_collect(hak_heap_t* heap) {
  * program's main thread once its workers run, a producer that waits) never
  * collects the frees that reach its heap, and its pages would hold their
  * memory for good.  The sweeper (hak_heaps_sweep, from other threads' page
- * events, every purge delay) takes such a heap's remote list when its thread
+ * events and refills) takes over such a heap's remote list once its thread
  * has neither collected nor refilled for HAK_DORMANT_MS, and gives the memory
- * of each full page whose every block is on it back to the system.  It
+ * of each full page all of whose blocks it has taken back to the system.  It
  * touches only full pages (in_full: in no queue, so the owner's fast paths
  * never reach them) all of whose blocks it holds (so no free can reach them
  * either): their memory is purged and the page goes on the heap's reclaimed
- * list, for the owner to retire when it collects again.  The other blocks go
- * back on the list. */
+ * list, for the owner to retire when it collects again.
+ *
+ * The sweeper keeps what it takes for as long as the heap stays dormant, each
+ * block chained to the others of its page in a table, and reads each block
+ * once: at every look the blocks come since, HAK_SWEEP_WALK_MAX at most
+ * (the list's blocks lie scattered: ~250 ns each).  A page is freed as soon
+ * as its last block is read.  The rest goes back on the list when the heap's
+ * thread makes a slow call again (seen at the next look) or ends: meanwhile
+ * those blocks count as in use, as frees in flight do. */
 
-/* The pages of the list's blocks and their counts: an open-addressed table
- * with room for every page the heap's segments can hold (under the heaps
- * lock: a static one for up to HAK_SWEEP_STATIC_PAGES, else mapped for the
- * sweep). */
 typedef struct {
   hak_page_t* page;
-  uint32_t count; /* its blocks on the list; UINT32_MAX: all of them */
+  uint32_t count;     /* its blocks held; UINT32_MAX: the page was freed */
+  hak_block_t* first; /* ... chained */
+  hak_block_t* last;
 } sweep_slot_t;
-#define HAK_SWEEP_STATIC_PAGES 512
-static sweep_slot_t sweep_static[2 * HAK_SWEEP_STATIC_PAGES];
+
+struct hak_sweep_s {
+  size_t bytes;                          /* mapped, the table with it */
+  size_t held;                           /* blocks held */
+  hak_block_t* unread;                   /* taken from the list, not read yet */
+  hak_block_t *other_first, *other_last; /* blocks held of no page of the table's */
+  size_t mask;
+  sweep_slot_t slots[]; /* open-addressed, with room for every page the
+                           heap's segments held when it began */
+};
 
 /* page's slot, or the free one where it goes; NULL if the table is full (a
  * page beyond the bound: a segment the heap took meanwhile). */
-static sweep_slot_t* sweep_find(sweep_slot_t* slots, size_t mask, hak_page_t* page) {
-  size_t h = (size_t)(((uintptr_t)page >> 6) * 0x9E3779B97F4A7C15ull >> 40) & mask;
-  for (size_t probes = 0; probes <= mask; probes++, h = (h + 1) & mask)
-    if (slots[h].page == page || slots[h].page == NULL) return &slots[h];
+static sweep_slot_t* sweep_find(hak_sweep_t* sw, hak_page_t* page) {
+  size_t h = (size_t)(((uintptr_t)page >> 6) * 0x9E3779B97F4A7C15ull >> 40) & sw->mask;
+  for (size_t probes = 0; probes <= sw->mask; probes++, h = (h + 1) & sw->mask)
+    if (sw->slots[h].page == page || sw->slots[h].page == NULL) return &sw->slots[h];
   return NULL;
 }
 
-/* Puts back on heap's list a chain the sweeper took from it.  Its last block
- * is known if the walk reached it; if not (a walk cut short), the chain takes
- * the list's place, and what others pushed meanwhile (a few blocks, walked
- * to their end) goes back on top: bounded work however busy the list. */
-static void sweep_put_back(hak_heap_t* heap, hak_block_t* first, hak_block_t* last) {
-  if (last != NULL) {
-    hak_remote_push_chain(heap, first, last);
-    return;
-  }
-  hak_block_t* newer = atomic_exchange_explicit(&heap->remote, first, memory_order_acq_rel);
-  if (newer != NULL) hak_remote_push_chain(heap, newer, hak_remote_tail(newer));
+/* Adds b to the chain first .. last (at its front). */
+static void sweep_chain(hak_block_t** first, hak_block_t** last, hak_block_t* b) {
+  hak_block_set_next(b, *first);
+  if (*first == NULL) *last = b;
+  *first = b;
 }
 
-/* Sweeps heap, a live thread's but not the caller's (under the heaps lock),
- * and tells whether that was worth it: whether at least an eighth of the
- * blocks it read were of pages it freed.  Walking the list is most of a
- * sweep's time (its blocks lie scattered), so it reads at most
- * HAK_SWEEP_WALK_MAX blocks from the list's head, the newest frees, where
- * the pages freed whole lately are (all of them for malloc_trim: whole). */
-bool hak_remote_sweep(hak_heap_t* heap, bool whole) {
-  hak_block_t* list = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
-  heap->sweep_left = NULL;
-  if (list == NULL) return false;
-  size_t pages = hak_segments_held(heap) * (HAK_UNITS - 1), size = 64;
-  while (size < 2 * pages) size *= 2; /* at most half full */
-  sweep_slot_t* slots = sweep_static;
-  if (pages > HAK_SWEEP_STATIC_PAGES) slots = hak_os_map(size * sizeof(sweep_slot_t));
-  if (slots == NULL) { /* no room to count in: the list goes back as it was */
-    sweep_put_back(heap, list, NULL);
-    return false;
+/* Full since its last block went out (in_full is set only then, and a free
+ * of the page clears it), and all its blocks held: no one else can reach it. */
+static void sweep_free_page(hak_heap_t* heap, sweep_slot_t* slot) {
+  hak_page_t* page = slot->page;
+  hak_segment_t* seg = hak_segment_of(page);
+  size_t bytes = (size_t)page->units << HAK_UNIT_SHIFT;
+  hak_os_purge((uint8_t*)seg + ((size_t)page->index << HAK_UNIT_SHIFT), bytes);
+  hak_committed_sub(bytes);
+  hak_count(reclaimed_pages, 1);
+  heap->sweep->held -= slot->count;
+  slot->count = UINT32_MAX;
+  slot->first = slot->last = NULL;
+  __atomic_store_n(&page->used, 0, __ATOMIC_RELAXED); /* (the statistics read it) */
+  hak_page_t* head = atomic_load_explicit(&heap->reclaimed, memory_order_relaxed);
+  do page->prev = head; /* (free while in_full: full_magic shares next's place) */
+  while (!atomic_compare_exchange_weak_explicit(&heap->reclaimed, &head, page, memory_order_release,
+                                                memory_order_relaxed));
+}
+
+/* Takes over heap's list (a live thread's, dormant; not the caller's; under
+ * the heaps lock), or goes on with it: reads at most budget blocks of what
+ * was taken and came since.  Returns the blocks read. */
+size_t hak_remote_sweep(hak_heap_t* heap, size_t budget) {
+  hak_sweep_t* sw = heap->sweep;
+  if (sw == NULL) {
+    if (atomic_load_explicit(&heap->remote, memory_order_relaxed) == NULL) return 0;
+    size_t pages = hak_segments_held(heap) * (HAK_UNITS - 1), size = 64;
+    while (size < 2 * pages) size *= 2; /* at most half full */
+    size_t bytes = sizeof(hak_sweep_t) + size * sizeof(sweep_slot_t);
+    if ((sw = hak_os_map(bytes)) == NULL) return 0; /* (zeroed) */
+    sw->bytes = bytes;
+    sw->mask = size - 1;
+    __atomic_store_n(&heap->sweep, sw, __ATOMIC_RELAXED);
   }
-  size_t mask = (slots == sweep_static ? 2 * HAK_SWEEP_STATIC_PAGES : size) - 1;
-  /* The blocks walked, in order, so that the second pass reads the array,
-   * not the blocks. */
-  /* The budget grows with the heap's wait, so that the whole list is read in
-   * the end at a bounded cost a second (a burst of frees in no order). */
-  size_t budget = whole ? SIZE_MAX : HAK_SWEEP_WALK_MAX * (1 + heap->sweep_gap_ms / 1000);
-  size_t cap = pages * HAK_SWEEP_BLOCKS_PER_PAGE, n = 0;
-  if (cap > HAK_SWEEP_BLOCKS_MAX) cap = HAK_SWEEP_BLOCKS_MAX;
-  if (cap > budget) cap = budget;
-  hak_block_t** blocks = hak_os_map(cap * sizeof(hak_block_t*));
-  hak_block_t* rest = NULL; /* the first block not walked */
-  for (hak_block_t* b = list; b != NULL; b = hak_block_next_remote(b)) {
-    if (n == budget) {
-      rest = b;
-      break;
+  size_t n = 0;
+  while (n < budget) {
+    if (sw->unread == NULL) {
+      sw->unread = atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire);
+      if (sw->unread == NULL) break;
     }
-    if (blocks != NULL && n < cap) blocks[n] = b;
+    hak_block_t* b = sw->unread;
+    sw->unread = hak_block_next_remote(b);
     n++;
+    sw->held++;
     hak_segment_t* seg = hak_segment_of(b);
-    if (hak_segment_heap(seg) != heap) continue; /* passed on by the owner */
     hak_page_t* page = hak_page_of(seg, b);
-    if (page->cls == HAK_CLASS_LARGE) continue;
-    sweep_slot_t* slot = sweep_find(slots, mask, page);
-    if (slot == NULL) continue;
+    sweep_slot_t* slot = NULL;
+    if (hak_segment_heap(seg) == heap && page->cls != HAK_CLASS_LARGE) /* (else passed on by the owner) */
+      slot = sweep_find(sw, page);
+    /* (A freed page's block: the page was retired and used again while
+     * its thread was awake, before this look saw it.) */
+    if (slot == NULL || slot->count == UINT32_MAX) {
+      sweep_chain(&sw->other_first, &sw->other_last, b);
+      continue;
+    }
     slot->page = page;
-    slot->count++;
+    sweep_chain(&slot->first, &slot->last, b);
+    if (++slot->count == page->reserved && __atomic_load_n(&page->in_full, __ATOMIC_ACQUIRE))
+      sweep_free_page(heap, slot);
   }
   hak_count(sweep_walked, n);
-  bool in_array = blocks != NULL && n <= cap;
-  /* Full since its last block went out (in_full is set only then, and a free
-   * of the page clears it): all its blocks are here if as many as it holds. */
-  bool any = false;
-  for (size_t i = 0; i <= mask; i++) {
-    hak_page_t* page = slots[i].page;
-    if (page != NULL && slots[i].count == page->reserved && __atomic_load_n(&page->in_full, __ATOMIC_ACQUIRE)) {
-      slots[i].count = UINT32_MAX;
-      any = true;
-    }
+  return n;
+}
+
+/* Gives heap's thread back what the sweeper holds of its list (it is awake
+ * again, or ends), if anything: it goes back on the list. */
+void hak_remote_sweep_end(hak_heap_t* heap) {
+  hak_sweep_t* sw = heap->sweep;
+  if (sw == NULL) return;
+  hak_block_t *first = sw->other_first, *last = sw->other_last;
+  for (size_t i = 0; i <= sw->mask; i++) {
+    sweep_slot_t* slot = &sw->slots[i];
+    if (slot->first == NULL) continue;
+    hak_block_set_next(slot->last, first);
+    if (first == NULL) last = slot->last;
+    first = slot->first;
   }
-  /* The others go back as they were linked, around the blocks dropped. */
-  hak_block_t *first = NULL, *last = NULL, *b = list;
-  size_t kept = 0;
-  bool dropped = false;
-  for (size_t i = 0; i < n; i++) {
-    hak_block_t* next = in_array ? (i + 1 < n ? blocks[i + 1] : rest) : hak_block_next_remote(b);
-    hak_segment_t* seg = hak_segment_of(b);
-    sweep_slot_t* slot = any && hak_segment_heap(seg) == heap ? sweep_find(slots, mask, hak_page_of(seg, b)) : NULL;
-    if (slot != NULL && slot->count == UINT32_MAX) {
-      dropped = true;
-    } else {
-      if (last == NULL) first = b;
-      else if (dropped) hak_block_set_next(last, b);
-      last = b;
-      kept++;
-      dropped = false;
-    }
-    b = next;
+  hak_block_t* unread = sw->unread;
+  __atomic_store_n(&heap->sweep, NULL, __ATOMIC_RELAXED);
+  hak_os_unmap(sw, sw->bytes);
+  if (first != NULL) hak_remote_push_chain(heap, first, last);
+  if (unread != NULL) {
+    /* Its end unknown: it takes the list's place, and what others pushed
+     * meanwhile (walked to its end: few blocks, as its thread collects)
+     * goes back on top. */
+    hak_block_t* newer = atomic_exchange_explicit(&heap->remote, unread, memory_order_acq_rel);
+    if (newer != NULL) hak_remote_push_chain(heap, newer, hak_remote_tail(newer));
   }
-  for (size_t i = 0; i <= mask; i++) {
-    hak_page_t* page = slots[i].page;
-    if (page != NULL && slots[i].count == UINT32_MAX) {
-      hak_segment_t* seg = hak_segment_of(page);
-      size_t bytes = (size_t)page->units << HAK_UNIT_SHIFT;
-      hak_os_purge((uint8_t*)seg + ((size_t)page->index << HAK_UNIT_SHIFT), bytes);
-      hak_committed_sub(bytes);
-      hak_count(reclaimed_pages, 1);
-      __atomic_store_n(&page->used, 0, __ATOMIC_RELAXED); /* (the statistics read it) */
-      hak_page_t* head = atomic_load_explicit(&heap->reclaimed, memory_order_relaxed);
-      do page->prev = head; /* (free while in_full: full_magic shares next's place) */
-      while (!atomic_compare_exchange_weak_explicit(&heap->reclaimed, &head, page, memory_order_release,
-                                                    memory_order_relaxed));
-    }
-  }
-  if (slots == sweep_static) memset(sweep_static, 0, sizeof sweep_static);
-  else hak_os_unmap(slots, size * sizeof(sweep_slot_t));
-  if (blocks != NULL) hak_os_unmap(blocks, cap * sizeof(hak_block_t*));
-  if (last != NULL && dropped) hak_block_set_next(last, rest);
-  hak_block_t* back = first != NULL ? first : rest;
-  bool worth = (n - kept) * 8 >= n;
-  if (back != NULL) {
-    sweep_put_back(heap, back, rest == NULL ? last : NULL);
-    /* A walk cut short that freed pages is made again (its window now
-     * reaches deeper) even if no block comes meanwhile. */
-    heap->sweep_left = rest != NULL && worth ? NULL : back;
-  }
-  return worth;
+}
+
+/* The blocks the sweeper holds of heap's list, read or not (under the heaps
+ * lock; for the tests: it walks those not read). */
+size_t hak_remote_swept_held(hak_heap_t* heap) {
+  hak_sweep_t* sw = heap->sweep;
+  if (sw == NULL) return 0;
+  size_t n = sw->held;
+  for (hak_block_t* b = sw->unread; b != NULL; b = hak_block_next_remote(b)) n++;
+  return n;
 }
 
 /* Retires into heap the pages swept from from's (heap itself, or an

@@ -376,10 +376,10 @@ static void dormant_sweep(bool by_trim) {
   CHECK(atomic_load(&dormant_heap->reclaimed) != NULL);
   CHECK(held->in_full); /* untouched */
   if (HAK_POLICY(purge_mode) == HAK_PURGE_DONTNEED) CHECK(!page_resident(first));
-  /* Nothing new came: a third look does not sweep the same list again. */
-  hak_block_t* left = atomic_load(&dormant_heap->remote);
+  /* Nothing new came: a third look reads nothing. */
+  size_t walked = atomic_load(&hak_counters.sweep_walked);
   hak_heaps_sweep(hak_tls_heap, t + 2 * HAK_DORMANT_MS, false);
-  CHECK(atomic_load(&dormant_heap->remote) == left);
+  CHECK(atomic_load(&hak_counters.sweep_walked) == walked);
   pthread_barrier_wait(&dormant_step);
   pthread_barrier_wait(&dormant_step); /* it collected */
   hak_free(dormant_blocks[kept]);
@@ -392,31 +392,41 @@ static void test_dormant_sweep(void) {
   dormant_sweep(true);
 }
 
-/* A dormant heap's list longer than a sweep walks: the periodic sweep reads
- * HAK_SWEEP_WALK_MAX blocks, the newest, and puts the rest back untouched
- * (without knowing its last block); malloc_trim reads them all.  No block
- * is lost on the way. */
+/* A dormant heap's list longer than a look reads: the sweeper reads it over
+ * looks, HAK_SWEEP_WALK_MAX blocks each, freeing each page once it has read
+ * all its blocks, and then reads each block that comes once; it gives the
+ * rest back when the heap's thread wakes or ends.  malloc_trim reads a
+ * list whole.  No block is lost on the way. */
 enum { LONG_BLOCKS = 2 * HAK_SWEEP_WALK_MAX + 8192, LONG_LATER = 200 };
 static void* long_blocks[LONG_BLOCKS];
 static hak_heap_t* long_heap;
 static pthread_barrier_t long_step;
 
+static void* long_large;  /* and a large block of the owner's */
+static bool long_wakes;   /* the owner wakes (malloc_trim) before it ends */
+
 static void* long_owner(void* arg) {
   int count = *(int*)arg;
   for (int i = 0; i < count; i++) REQUIRE((long_blocks[i] = hak_malloc(16)) != NULL);
+  REQUIRE((long_large = hak_malloc(600000)) != NULL); /* (a large block: a page of its own) */
   long_heap = hak_tls_heap;
   pthread_barrier_wait(&long_step); /* handed over */
   pthread_barrier_wait(&long_step); /* swept meanwhile */
-  hak_remote_collect(hak_tls_heap);
-  CHECK(atomic_load(&long_heap->reclaimed) == NULL);
-  hak_heap_check(hak_tls_heap);
+  if (long_wakes) {
+    /* What the sweeper held comes back, and is collected. */
+    hak_trim();
+    CHECK(long_heap->sweep == NULL);
+    CHECK(remote_length(long_heap) == 0);
+    CHECK(atomic_load(&long_heap->reclaimed) == NULL);
+    hak_heap_check(hak_tls_heap);
+  }
   pthread_barrier_wait(&long_step);
   return NULL;
 }
 
-/* Blocks on heap's list and in the pages swept off it. */
+/* Blocks on heap's list, held by the sweeper and in the pages it freed. */
 static size_t long_accounted(hak_heap_t* heap) {
-  size_t n = remote_length(heap);
+  size_t n = remote_length(heap) + hak_remote_swept_held(heap);
   for (hak_page_t* page = atomic_load(&heap->reclaimed); page != NULL; page = page->prev) n += page->reserved;
   return n;
 }
@@ -440,45 +450,69 @@ static void long_end(pthread_t owner) {
   pthread_barrier_destroy(&long_step);
 }
 
+/* The times of a dormant heap's looks: far ahead of the clock, so that
+ * the other threads' page events do not sweep meanwhile. */
+static uint32_t look_step(void) { return (uint32_t)HAK_POLICY(purge_delay_ms) + HAK_SWEEP_MIN_MS; }
+
 static void test_sweep_bounded(void) {
   pthread_t owner;
   int count = LONG_BLOCKS;
+  long_wakes = true;
   long_start(&owner, &count);
   for (int i = 0; i < LONG_BLOCKS - LONG_LATER; i++) hak_free(long_blocks[i]);
+  hak_free(long_large); /* (held with the blocks of no page counted) */
   hak_remote_flush(hak_tls_heap);
   size_t listed = remote_length(long_heap); /* (a block of an earlier test's may wait there too) */
-  REQUIRE(listed >= LONG_BLOCKS - LONG_LATER);
+  REQUIRE(listed >= LONG_BLOCKS - LONG_LATER + 1);
   size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages), mark = 0;
   walked_since(&mark);
   uint32_t t = hak_now_ms() + 3000000; /* beyond the times of test_dormant_sweep */
   hak_heaps_sweep(hak_tls_heap, t, false);
-  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS, false);
-  CHECK(walked_since(&mark) == HAK_SWEEP_WALK_MAX);
-  CHECK(atomic_load(&hak_counters.reclaimed_pages) > reclaimed); /* pages of the newest blocks */
-  CHECK(long_accounted(long_heap) == listed);
-  /* Worth it: the next frees are swept as soon as they come. */
+  CHECK(walked_since(&mark) == 0); /* not dormant yet */
+  t += HAK_DORMANT_MS;
+  for (size_t read = 0; read < listed; t += look_step()) {
+    hak_heaps_sweep(hak_tls_heap, t, false);
+    size_t walked = walked_since(&mark);
+    CHECK(walked == (listed - read < HAK_SWEEP_WALK_MAX ? listed - read : HAK_SWEEP_WALK_MAX));
+    CHECK(long_accounted(long_heap) == listed);
+    if (walked == 0) break;
+    read += walked;
+  }
+  CHECK(atomic_load(&hak_counters.reclaimed_pages) > reclaimed);
+  CHECK(remote_length(long_heap) == 0);
+  /* What comes is read once. */
   for (int i = LONG_BLOCKS - LONG_LATER; i < LONG_BLOCKS; i++) hak_free(long_blocks[i]);
   hak_remote_flush(hak_tls_heap);
-  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS + 2 * (uint32_t)HAK_POLICY(purge_delay_ms) + HAK_SWEEP_MIN_MS, false);
-  CHECK(walked_since(&mark) == HAK_SWEEP_WALK_MAX);
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  t += look_step();
+  CHECK(walked_since(&mark) == LONG_LATER);
   CHECK(long_accounted(long_heap) == listed + LONG_LATER);
-  /* malloc_trim: the whole list, and every page all of whose blocks are there. */
-  size_t left = remote_length(long_heap);
-  CHECK(hak_trim());
-  CHECK(walked_since(&mark) >= left);
+  /* Every page full and freed whole is given back: what is held is of the
+   * owner's current page. */
+  hak_page_t* last = hak_page_of(hak_segment_of(long_blocks[LONG_BLOCKS - 1]), long_blocks[LONG_BLOCKS - 1]);
+  CHECK(!last->in_full);
+  CHECK(hak_remote_swept_held(long_heap) <= last->reserved + (listed - (LONG_BLOCKS - LONG_LATER)));
+  CHECK(hak_remote_swept_held(long_heap) > last->reserved); /* (the large block too) */
+  /* Its thread makes a slow call: the next look gives it all back. */
+  size_t held = hak_remote_swept_held(long_heap);
+  CHECK(held > 0);
+  hak_heap_note_slow(long_heap);
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  t += look_step();
+  CHECK(hak_remote_swept_held(long_heap) == 0 && long_heap->sweep == NULL);
+  CHECK(remote_length(long_heap) == held);
+  /* malloc_trim: the whole list at once. */
+  hak_trim();
+  CHECK(walked_since(&mark) == held);
   CHECK(long_accounted(long_heap) == listed + LONG_LATER);
-  size_t of_full = 0; /* blocks left of full pages: none (the owner's current page is not full) */
-  for (hak_block_t* b = atomic_load(&long_heap->remote); b != NULL; b = hak_block_next_remote(b))
-    of_full += hak_page_of(hak_segment_of(b), b)->in_full;
-  CHECK(of_full == 0);
   long_end(owner);
 }
 
-/* A sweep in vain (no page freed whole: the blocks are of the owner's
- * current page) doubles the heap's wait for its next one. */
-static void test_sweep_backoff(void) {
+/* Frees that keep coming into a dormant heap are read once each. */
+static void test_sweep_once(void) {
   pthread_t owner;
   int count = 100;
+  long_wakes = true;
   long_start(&owner, &count);
   size_t mark = 0;
   walked_since(&mark);
@@ -486,23 +520,68 @@ static void test_sweep_backoff(void) {
   hak_remote_flush(hak_tls_heap);
   uint32_t t = hak_now_ms() + 4000000;
   hak_heaps_sweep(hak_tls_heap, t, false);
-  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS, false);
+  t += HAK_DORMANT_MS;
+  hak_heaps_sweep(hak_tls_heap, t, false);
   size_t first = walked_since(&mark);
   CHECK(first >= 50); /* (and an earlier test's block, maybe) */
-  hak_free(long_blocks[50]);
-  hak_remote_flush(hak_tls_heap);
-  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS + 500, false);
-  CHECK(walked_since(&mark) == 0); /* waits a second */
-  hak_heaps_sweep(hak_tls_heap, t + 2 * HAK_DORMANT_MS, false);
-  CHECK(walked_since(&mark) == first + 1);
-  hak_free(long_blocks[51]);
-  hak_remote_flush(hak_tls_heap);
-  hak_heaps_sweep(hak_tls_heap, t + 3 * HAK_DORMANT_MS + 500, false);
-  CHECK(walked_since(&mark) == 0); /* then two */
-  hak_heaps_sweep(hak_tls_heap, t + 4 * HAK_DORMANT_MS, false);
-  CHECK(walked_since(&mark) == first + 2);
+  for (int i = 50; i < 53; i++) {
+    hak_free(long_blocks[i]);
+    hak_remote_flush(hak_tls_heap);
+    t += look_step();
+    hak_heaps_sweep(hak_tls_heap, t, false);
+    CHECK(walked_since(&mark) == 1);
+  }
+  CHECK(hak_remote_swept_held(long_heap) == first + 3);
   long_end(owner);
-  for (int i = 52; i < 100; i++) hak_free(long_blocks[i]);
+  for (int i = 53; i < 100; i++) hak_free(long_blocks[i]);
+  hak_free(long_large);
+}
+
+/* The heap's thread ends while the sweeper holds its list: the list is given
+ * back first, and the heap collects it as it ends (its pages all empty). */
+static void test_sweep_abandoned(void) {
+  pthread_t owner;
+  int count = LONG_BLOCKS;
+  long_wakes = false;
+  long_start(&owner, &count);
+  for (int i = 0; i < LONG_BLOCKS / 2; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  REQUIRE(remote_length(long_heap) >= LONG_BLOCKS / 2);
+  uint32_t t = hak_now_ms() + 6000000; /* beyond test_sweep_once's */
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS, false);
+  CHECK(long_heap->sweep != NULL);
+  CHECK(remote_length(long_heap) == 0); /* taken, part of it read */
+  for (int i = LONG_BLOCKS / 2; i < LONG_BLOCKS; i++) hak_free(long_blocks[i]); /* (on the list again) */
+  hak_free(long_large);
+  hak_remote_flush(hak_tls_heap);
+  long_end(owner);
+  CHECK(long_heap->sweep == NULL);
+  CHECK(remote_length(long_heap) == 0);
+  size_t in_use = 0;
+  for (int i = 0; i < LONG_BLOCKS; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
+  in_use += hak_page_of(hak_segment_of(long_large), long_large)->used != 0;
+  CHECK(in_use == 0);
+}
+
+/* A thread that makes no page event still checks its purge delay (and looks
+ * at the dormant heaps) once every 64 refills. */
+static void test_refill_looks(void) {
+  if (HAK_PROF) return; /* (its refills all go the slow way) */
+  hak_heap_t* heap = hak_tls_heap;
+  void* p = hak_malloc(64);
+  unsigned cls = hak_class_of(64);
+  uint32_t stale = hak_now_ms() - 1000;
+  heap->purge_looked_ms = stale;
+  heap->refills = 0;
+  void* q = hak_alloc_refill(heap, heap->current[cls], 64);
+  CHECK(heap->purge_looked_ms == stale); /* (the page had free blocks: no page event) */
+  heap->refills = (uint8_t)(256 - 4);
+  void* r = hak_alloc_refill(heap, heap->current[cls], 64);
+  CHECK(heap->purge_looked_ms != stale);
+  hak_free(p);
+  hak_free(q);
+  hak_free(r);
 }
 
 /* ---- abandonment ------------------------------------------------------------ */
@@ -671,7 +750,9 @@ int main(void) {
   test_remote_outbox();
   test_dormant_sweep();
   test_sweep_bounded();
-  test_sweep_backoff();
+  test_sweep_once();
+  test_sweep_abandoned();
+  test_refill_looks();
   test_abandon_adopt();
   test_absorb_after_delay();
   test_huge_cache_and_remap();
