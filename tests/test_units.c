@@ -491,11 +491,11 @@ static void test_sweep_bounded(void) {
    * owner's current page. */
   hak_page_t* last = hak_page_of(hak_segment_of(long_blocks[LONG_BLOCKS - 1]), long_blocks[LONG_BLOCKS - 1]);
   CHECK(!last->in_full);
-  CHECK(hak_remote_swept_held(long_heap) <= last->reserved + (listed - (LONG_BLOCKS - LONG_LATER)));
-  CHECK(hak_remote_swept_held(long_heap) > last->reserved); /* (the large block too) */
-  /* Its thread makes a slow call: the next look gives it all back. */
+  size_t of_last = 0, extra = listed - (LONG_BLOCKS - LONG_LATER + 1); /* (an earlier test's block, maybe) */
+  for (int i = 0; i < LONG_BLOCKS; i++) of_last += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i]) == last;
   size_t held = hak_remote_swept_held(long_heap);
-  CHECK(held > 0);
+  CHECK(held >= of_last + 1 && held <= of_last + 1 + extra); /* (and the large block) */
+  /* Its thread makes a slow call: the next look gives it all back. */
   hak_heap_note_slow(long_heap);
   hak_heaps_sweep(hak_tls_heap, t, false);
   t += look_step();
@@ -570,7 +570,7 @@ static void test_refill_looks(void) {
   if (HAK_PROF) return; /* (its refills all go the slow way) */
   hak_heap_t* heap = hak_tls_heap;
   void* p = hak_malloc(64);
-  unsigned cls = hak_class_of(64);
+  unsigned cls = hak_page_of(hak_segment_of(p), p)->cls; /* (the secure build's blocks are larger) */
   uint32_t stale = hak_now_ms() - 1000;
   heap->purge_looked_ms = stale;
   heap->refills = 0;
