@@ -234,14 +234,17 @@ void hak_remote_sweep_end(hak_heap_t* heap) {
   hak_block_t* unread = sw->unread;
   __atomic_store_n(&heap->sweep, NULL, __ATOMIC_RELAXED);
   hak_os_unmap(sw, sw->bytes);
-  if (first != NULL) hak_remote_push_chain(heap, first, last);
-  if (unread != NULL) {
-    /* Its end unknown: it takes the list's place, and what others pushed
-     * meanwhile (walked to its end: few blocks, as its thread collects)
-     * goes back on top. */
-    hak_block_t* newer = atomic_exchange_explicit(&heap->remote, unread, memory_order_acq_rel);
-    if (newer != NULL) hak_remote_push_chain(heap, newer, hak_remote_tail(newer));
+  if (unread == NULL) {
+    if (first != NULL) hak_remote_push_chain(heap, first, last);
+    return;
   }
+  /* The unread part's end unknown: the chains, then it, take the list's
+   * place, and what others pushed meanwhile is walked to its end and goes
+   * back on top (the chains are not walked again). */
+  if (first != NULL) hak_block_set_next(last, unread);
+  else first = unread;
+  hak_block_t* newer = atomic_exchange_explicit(&heap->remote, first, memory_order_acq_rel);
+  if (newer != NULL) hak_remote_push_chain(heap, newer, hak_remote_tail(newer));
 }
 
 /* The blocks the sweeper holds of heap's list, read or not (under the heaps
