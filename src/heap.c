@@ -463,10 +463,13 @@ void hak_heaps_collect_spare(hak_heap_t* heap) {
   pthread_mutex_lock(&heaps_lock);
   for (hak_heap_t* h = spare_pool; h != NULL; h = h->pool_next) {
     if (!hak_remote_pending(h)) continue;
-    hak_block_t* list = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
-    if (list == NULL) continue;
-    hak_block_set_next(hak_remote_tail(list), all);
-    all = list;
+    hak_block_t* lists[2] = {atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire),
+                             atomic_exchange_explicit(&h->remote_back, NULL, memory_order_acquire)};
+    for (int i = 0; i < 2; i++) {
+      if (lists[i] == NULL) continue;
+      hak_block_set_next(hak_remote_tail(lists[i]), all);
+      all = lists[i];
+    }
   }
   pthread_mutex_unlock(&heaps_lock);
   hak_remote_collect_list(heap, all);
@@ -675,7 +678,7 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
     if (heap->current[c] != heap->queue[c].first) hak_heap_set_current(heap, c);
   }
   /* Frees that reached the old owner now belong to this heap. */
-  hak_remote_collect_list(heap, atomic_exchange_explicit(&from->remote, NULL, memory_order_acquire));
+  hak_remote_collect_from(heap, from);
   hak_count(heaps_adopted, 1);
   hak_heap_check(heap);
   pthread_mutex_lock(&heaps_lock);
@@ -687,7 +690,9 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
 /* Sweeps the dormant heaps (remote.c) once a purge delay at most (never if
  * memory is never purged), from a page event or refill of any thread's or
  * its remote frees; with all (malloc_trim), every other thread's heap at
- * once, whole. */
+ * once, whole (and gives them back at once if memory is never purged).
+ * self, the looking thread's heap if it is awake (else NULL), is given back
+ * what the sweeper held of it. */
 void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
   static _Atomic uint32_t next_ms;
   static _Atomic bool behind; /* the last look left blocks unread */
@@ -711,9 +716,10 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
    * four times as late the most: the share of the looking threads' time stays
    * bounded however often they look. */
   uint32_t since = now_ms - last_ms;
-  size_t budget = all || since >= 4 * HAK_SWEEP_STEP_MS ? HAK_SWEEP_WALK_MAX
-                  : HAK_SWEEP_WALK_MAX / 4 * (since < HAK_SWEEP_STEP_MS ? 1 : since / HAK_SWEEP_STEP_MS);
-  if (all) budget = SIZE_MAX;
+  size_t budget = SIZE_MAX; /* (malloc_trim: whole) */
+  if (!all)
+    budget = since >= 4 * HAK_SWEEP_STEP_MS ? HAK_SWEEP_WALK_MAX
+             : HAK_SWEEP_WALK_MAX / 4 * (since < HAK_SWEEP_STEP_MS ? 1 : since / HAK_SWEEP_STEP_MS);
   last_ms = now_ms;
   for (hak_heap_t* h = all_heaps; h != NULL; h = h->all_next) {
     if (h == self) {
@@ -725,10 +731,12 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
     hak_block_t* head = atomic_load_explicit(&h->remote, memory_order_relaxed);
     if (h->sweep != NULL && slow_calls != h->sweep_slow_calls) {
       hak_remote_sweep_end(h); /* awake again */
-      h->sweep_armed = false;
     } else if (h->sweep != NULL || (all && head != NULL)) {
       h->sweep_slow_calls = slow_calls; /* (for the trim's: given back at the thread's next slow call) */
       if (budget != 0) budget -= hak_remote_sweep(h, budget);
+      /* Memory never purged but by malloc_trim: no look comes to give the
+       * list back when the thread wakes. */
+      if (all && delay < 0) hak_remote_sweep_end(h);
     } else if (head == NULL || !h->sweep_armed || slow_calls != h->sweep_slow_calls) {
       /* Looked at again later: taken over once its thread has made no slow
        * call for HAK_DORMANT_MS while frees waited. */

@@ -320,7 +320,11 @@ struct hak_heap_s {
   /* Full pages whose every block another thread found on remote, and purged
    * (remote.c), for the heap to retire when it collects. */
   _Atomic(hak_page_t*) reclaimed;
-  char pad_[64 - 2 * sizeof(void*)];
+  /* What the sweeper held and had not read, given back (one list: linking it
+   * to remote would walk one of the two); a block pushed onto remote after
+   * it makes sure the owner collects. */
+  _Atomic(hak_block_t*) remote_back;
+  char pad_[64 - 3 * sizeof(void*)];
   hak_heap_stats_t stats;
   /* The runs of the large blocks' pages it gave back lately (a ring, newest
    * at large_run_next - 1), so that a new large block takes one of its size
@@ -949,6 +953,7 @@ hak_block_t* hak_remote_tail(hak_block_t* list); /* the last block of a non-empt
 void hak_remote_free(hak_heap_t* self, hak_heap_t* owner, const hak_page_t* page, hak_block_t* b);
 void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);
+void hak_remote_collect_from(hak_heap_t* heap, hak_heap_t* from);
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
 void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from);
 size_t hak_remote_sweep(hak_heap_t* heap, size_t budget);

@@ -48,8 +48,10 @@ void hak_remote_flush(hak_heap_t* self) {
   self->outbox_first = self->outbox_last = NULL;
   self->outbox_count = 0;
   /* A thread that frees others' blocks by the thousand, and makes no page
-   * events of its own, looks at the dormant heaps too. */
-  if (++self->outbox_flushes % HAK_SWEEP_FLUSHES == 0) hak_heaps_sweep(self, hak_now_ms(), false);
+   * events of its own, looks at the dormant heaps too, its own among them:
+   * it is dormant itself if it never allocates (given its list back here,
+   * it would not collect it, and the next look would read it all again). */
+  if (++self->outbox_flushes % HAK_SWEEP_FLUSHES == 0) hak_heaps_sweep(NULL, hak_now_ms(), false);
 }
 
 /* b, a block of owner's page, freed by the thread of self (a thread's heap,
@@ -92,9 +94,16 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
   hak_stat_add(heap->stats.remote_frees, collected);
 }
 
+/* Collects into heap from's list and what the sweeper gave back of it. */
+void hak_remote_collect_from(hak_heap_t* heap, hak_heap_t* from) {
+  hak_remote_collect_list(heap, atomic_exchange_explicit(&from->remote, NULL, memory_order_acquire));
+  if (atomic_load_explicit(&from->remote_back, memory_order_relaxed) != NULL)
+    hak_remote_collect_list(heap, atomic_exchange_explicit(&from->remote_back, NULL, memory_order_acquire));
+}
+
 void hak_remote_collect(hak_heap_t* heap) {
   hak_heap_note_slow(heap);
-  hak_remote_collect_list(heap, atomic_exchange_explicit(&heap->remote, NULL, memory_order_acquire));
+  hak_remote_collect_from(heap, heap);
   if (atomic_load_explicit(&heap->reclaimed, memory_order_relaxed) != NULL) hak_remote_take_reclaimed(heap, heap);
   hak_heap_check(heap);
 }
@@ -116,7 +125,7 @@ void hak_remote_collect(hak_heap_t* heap) {
  * The sweeper keeps what it takes for as long as the heap stays dormant, each
  * block chained to the others of its page in a table, and reads each block
  * once: at every look the blocks come since, HAK_SWEEP_WALK_MAX at most
- * (the list's blocks lie scattered: ~250 ns each).  A page is freed as soon
+ * (the list's blocks lie scattered: ~300 ns each).  A page is freed as soon
  * as its last block is read.  The rest goes back on the list when the heap's
  * thread makes a slow call again (seen at the next look) or ends: meanwhile
  * those blocks count as in use, as frees in flight do. */
@@ -173,19 +182,24 @@ static void sweep_free_page(hak_heap_t* heap, sweep_slot_t* slot) {
                                                 memory_order_relaxed));
 }
 
-/* Takes over heap's list (a live thread's, dormant; not the caller's; under
- * the heaps lock), or goes on with it: reads at most budget blocks of what
+/* Takes over heap's list (a live thread's, dormant; the caller's only if it
+ * makes no slow calls; under the heaps lock), or goes on with it: reads at most budget blocks of what
  * was taken and came since.  Returns the blocks read. */
 size_t hak_remote_sweep(hak_heap_t* heap, size_t budget) {
   hak_sweep_t* sw = heap->sweep;
   if (sw == NULL) {
-    if (atomic_load_explicit(&heap->remote, memory_order_relaxed) == NULL) return 0;
+    if (atomic_load_explicit(&heap->remote, memory_order_relaxed) == NULL &&
+        atomic_load_explicit(&heap->remote_back, memory_order_relaxed) == NULL)
+      return 0;
     size_t pages = hak_segments_held(heap) * (HAK_UNITS - 1), size = 64;
     while (size < 2 * pages) size *= 2; /* at most half full */
     size_t bytes = sizeof(hak_sweep_t) + size * sizeof(sweep_slot_t);
     if ((sw = hak_os_map(bytes)) == NULL) return 0; /* (zeroed) */
     sw->bytes = bytes;
     sw->mask = size - 1;
+    /* (Only hak_remote_sweep_end sets remote_back, once: for as long as sw
+     * lives it stays empty.) */
+    sw->unread = atomic_exchange_explicit(&heap->remote_back, NULL, memory_order_acquire);
     __atomic_store_n(&heap->sweep, sw, __ATOMIC_RELAXED);
   }
   size_t n = 0;
@@ -233,18 +247,20 @@ void hak_remote_sweep_end(hak_heap_t* heap) {
   }
   hak_block_t* unread = sw->unread;
   __atomic_store_n(&heap->sweep, NULL, __ATOMIC_RELAXED);
+  heap->sweep_armed = false;
   hak_os_unmap(sw, sw->bytes);
   if (unread == NULL) {
     if (first != NULL) hak_remote_push_chain(heap, first, last);
     return;
   }
-  /* The unread part's end unknown: the chains, then it, take the list's
-   * place, and what others pushed meanwhile is walked to its end and goes
-   * back on top (the chains are not walked again). */
+  /* The unread part's end unknown, and that of what others pushed since it
+   * was taken too: the chains, then it, wait apart from the list (walking
+   * either to join them took 300 ms under the heaps lock for a million
+   * blocks), and one block pushed onto the list after them tells the owner. */
   if (first != NULL) hak_block_set_next(last, unread);
   else first = unread;
-  hak_block_t* newer = atomic_exchange_explicit(&heap->remote, first, memory_order_acq_rel);
-  if (newer != NULL) hak_remote_push_chain(heap, newer, hak_remote_tail(newer));
+  atomic_store_explicit(&heap->remote_back, hak_block_next_remote(first), memory_order_release);
+  hak_remote_push(heap, first);
 }
 
 /* The blocks the sweeper holds of heap's list, read or not (under the heaps

@@ -226,9 +226,11 @@ static void* outbox_big; /* above HAK_SMALL_MAX: never waits */
 static hak_heap_t* outbox_other_heap;
 static pthread_barrier_t outbox_step, outbox_other_ready, outbox_other_done;
 
+/* Blocks on heap's list (and on what the sweeper gave back apart). */
 static size_t remote_length(hak_heap_t* heap) {
   size_t n = 0;
   for (hak_block_t* b = atomic_load(&heap->remote); b != NULL; b = hak_block_next_remote(b)) n++;
+  for (hak_block_t* b = atomic_load(&heap->remote_back); b != NULL; b = hak_block_next_remote(b)) n++;
   return n;
 }
 
@@ -564,6 +566,125 @@ static void test_sweep_abandoned(void) {
   CHECK(in_use == 0);
 }
 
+/* Given back while part of it is unread, the list waits apart, and its
+ * owner collects it; malloc_trim reads a list whole however long, and gives
+ * it back at once where memory is never purged but by malloc_trim (no look
+ * would come to give it back when the owner wakes). */
+static void test_sweep_trim(void) {
+  pthread_t owner;
+  int count = LONG_BLOCKS;
+  long_wakes = false;
+  long_start(&owner, &count);
+  for (int i = 0; i < LONG_BLOCKS - LONG_LATER; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  size_t listed = remote_length(long_heap), mark = 0;
+  walked_since(&mark);
+  uint32_t t = hak_now_ms() + 7000000; /* beyond test_sweep_abandoned's */
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  t += HAK_DORMANT_MS;
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  t += look_step();
+  CHECK(walked_since(&mark) == HAK_SWEEP_WALK_MAX);
+  /* Awake: given back, the unread part apart, and one block on the list. */
+  hak_heap_note_slow(long_heap);
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  t += look_step();
+  CHECK(long_heap->sweep == NULL);
+  CHECK(atomic_load(&long_heap->remote_back) != NULL);
+  CHECK(atomic_load(&long_heap->remote) != NULL && hak_remote_pending(long_heap));
+  CHECK(long_accounted(long_heap) == listed);
+  /* Taken over again (by malloc_trim): what waited apart comes with it. */
+  size_t before = remote_length(long_heap);
+  REQUIRE(before > HAK_SWEEP_WALK_MAX);
+  size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages);
+  hak_trim();
+  CHECK(walked_since(&mark) == before);
+  CHECK(atomic_load(&hak_counters.reclaimed_pages) > reclaimed);
+  CHECK(long_heap->sweep != NULL && remote_length(long_heap) == 0);
+  CHECK(long_accounted(long_heap) == listed);
+  /* Never purged but by malloc_trim: read, and given back. */
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  hak_policy_publish_delay(-1);
+  for (int i = LONG_BLOCKS - LONG_LATER; i < LONG_BLOCKS; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  hak_trim();
+  CHECK(walked_since(&mark) == LONG_LATER);
+  CHECK(long_heap->sweep == NULL);
+  CHECK(long_accounted(long_heap) == listed + LONG_LATER);
+  hak_policy_publish_delay(delay);
+  long_end(owner); /* (it collects all as it ends) */
+  CHECK(remote_length(long_heap) == 0);
+  hak_free(long_large);
+}
+
+/* A block of another heap's on a dormant heap's list (freed while its
+ * segment moved, or pushed on by a heap absorbed): held apart from the
+ * pages' chains, given back, and passed on to its owner. */
+static void test_sweep_foreign(void) {
+  pthread_t owner;
+  int count = 100;
+  long_wakes = true;
+  long_start(&owner, &count);
+  void* mine[2] = {hak_malloc(16), hak_malloc(16)};
+  hak_page_t* page = hak_page_of(hak_segment_of(mine[0]), mine[0]);
+  REQUIRE(page == hak_page_of(hak_segment_of(mine[1]), mine[1]));
+  uint32_t used = page->used;
+  for (int i = 0; i < 50; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  for (int k = 0; k < 2; k++) {
+    hak_block_in(page, (hak_block_t*)mine[k]);
+    hak_block_tag(page, (hak_block_t*)mine[k]);
+    hak_remote_push(long_heap, mine[k]);
+  }
+  size_t listed = remote_length(long_heap);
+  uint32_t t = hak_now_ms() + 8000000; /* beyond test_sweep_trim's */
+  hak_heaps_sweep(hak_tls_heap, t, false);
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS, false);
+  CHECK(hak_remote_swept_held(long_heap) == listed);
+  CHECK(page->used == used); /* untouched */
+  long_end(owner); /* it wakes: takes its list back and collects it */
+  hak_remote_collect(hak_tls_heap);
+  CHECK(page->used == used - 2);
+  hak_heap_check(hak_tls_heap);
+  for (int i = 50; i < 100; i++) hak_free(long_blocks[i]);
+  hak_free(long_large);
+}
+
+/* A thread that frees only others' blocks looks at its own heap as at any
+ * other (it is dormant too: given its list back, it would not collect it). */
+static void* own_look_owner(void* arg) {
+  uint32_t t = *(uint32_t*)arg;
+  for (int i = 0; i < 100; i++) REQUIRE((long_blocks[i] = hak_malloc(16)) != NULL);
+  long_heap = hak_tls_heap;
+  pthread_barrier_wait(&long_step); /* handed over */
+  pthread_barrier_wait(&long_step); /* freed */
+  size_t walked = atomic_load(&hak_counters.sweep_walked);
+  hak_heaps_sweep(NULL, t, false);                  /* (arms) */
+  hak_heaps_sweep(NULL, t + HAK_DORMANT_MS, false); /* takes over */
+  CHECK(long_heap->sweep != NULL);
+  CHECK(atomic_load(&hak_counters.sweep_walked) - walked >= 100);
+  hak_heaps_sweep(NULL, t + HAK_DORMANT_MS + look_step(), false);
+  CHECK(long_heap->sweep != NULL); /* kept */
+  hak_heaps_sweep(hak_tls_heap, t + HAK_DORMANT_MS + 2 * look_step(), false);
+  CHECK(long_heap->sweep == NULL); /* awake */
+  hak_remote_collect(hak_tls_heap);
+  hak_heap_check(hak_tls_heap);
+  return NULL;
+}
+
+static void test_sweep_own(void) {
+  REQUIRE(pthread_barrier_init(&long_step, NULL, 2) == 0);
+  uint32_t t = hak_now_ms() + 9000000; /* beyond test_sweep_foreign's */
+  pthread_t owner;
+  REQUIRE(pthread_create(&owner, NULL, own_look_owner, &t) == 0);
+  pthread_barrier_wait(&long_step);
+  for (int i = 0; i < 100; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  pthread_barrier_wait(&long_step);
+  pthread_join(owner, NULL);
+  pthread_barrier_destroy(&long_step);
+}
+
 /* A thread that makes no page event still checks its purge delay (and looks
  * at the dormant heaps) once every 64 refills. */
 static void test_refill_looks(void) {
@@ -752,6 +873,9 @@ int main(void) {
   test_sweep_bounded();
   test_sweep_once();
   test_sweep_abandoned();
+  test_sweep_trim();
+  test_sweep_foreign();
+  test_sweep_own();
   test_refill_looks();
   test_abandon_adopt();
   test_absorb_after_delay();
