@@ -102,10 +102,21 @@ HAK_INLINE void* heap_pop(hak_heap_t* heap, hak_page_t* page) {
   return b;
 }
 
+/* The thread is awake: what the sweeper held of its list comes back now,
+ * to be collected (a look would give it back too, but none comes where
+ * memory is never purged but by malloc_trim). */
+static HAK_NOINLINE HAK_COLD void heap_sweep_back(hak_heap_t* heap) {
+  pthread_mutex_lock(&heaps_lock);
+  hak_remote_sweep_end(heap);
+  pthread_mutex_unlock(&heaps_lock);
+}
+
 static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
   hak_heap_note_slow(heap);
-  if (hak_remote_pending(heap)) hak_remote_collect(heap);
+  if (unlikely(__atomic_load_n(&heap->sweep, __ATOMIC_RELAXED) != NULL)) heap_sweep_back(heap);
+  /* (The flush first: a look it makes may give this heap's list back.) */
   if (heap->outbox_count != 0) hak_remote_flush(heap);
+  if (hak_remote_pending(heap)) hak_remote_collect(heap);
   hak_page_queue_t* q = &heap->queue[cls];
   hak_page_t* page = q->first;
   if (page != NULL && page->free == hak_list_end(page) && page->capacity == page->reserved && page->next != NULL) {
@@ -457,22 +468,23 @@ static hak_heap_t* heap_new_locked(void) {
 }
 
 /* Frees that reached heaps in the spare pool (a free in flight while its
- * heap was absorbed) are passed on; called before mapping a new segment. */
+ * heap was absorbed) are passed on; called before mapping a new segment.
+ * One heap's lists at a time, outside the lock, so that none is walked
+ * under it. */
 void hak_heaps_collect_spare(hak_heap_t* heap) {
-  hak_block_t* all = NULL;
-  pthread_mutex_lock(&heaps_lock);
-  for (hak_heap_t* h = spare_pool; h != NULL; h = h->pool_next) {
-    if (!hak_remote_pending(h)) continue;
-    hak_block_t* lists[2] = {atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire),
-                             atomic_exchange_explicit(&h->remote_back, NULL, memory_order_acquire)};
-    for (int i = 0; i < 2; i++) {
-      if (lists[i] == NULL) continue;
-      hak_block_set_next(hak_remote_tail(lists[i]), all);
-      all = lists[i];
+  for (;;) {
+    hak_block_t* lists[2] = {NULL, NULL};
+    pthread_mutex_lock(&heaps_lock);
+    for (hak_heap_t* h = spare_pool; h != NULL && lists[0] == NULL && lists[1] == NULL; h = h->pool_next) {
+      if (!hak_remote_pending(h)) continue;
+      lists[0] = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
+      lists[1] = atomic_exchange_explicit(&h->remote_back, NULL, memory_order_acquire);
     }
+    pthread_mutex_unlock(&heaps_lock);
+    if (lists[0] == NULL && lists[1] == NULL) return;
+    hak_remote_collect_list(heap, lists[0]);
+    hak_remote_collect_list(heap, lists[1]);
   }
-  pthread_mutex_unlock(&heaps_lock);
-  hak_remote_collect_list(heap, all);
 }
 
 /* The global heap's remote frees are collected when it allocates, and, so
@@ -734,9 +746,6 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
     } else if (h->sweep != NULL || (all && head != NULL)) {
       h->sweep_slow_calls = slow_calls; /* (for the trim's: given back at the thread's next slow call) */
       if (budget != 0) budget -= hak_remote_sweep(h, budget);
-      /* Memory never purged but by malloc_trim: no look comes to give the
-       * list back when the thread wakes. */
-      if (all && delay < 0) hak_remote_sweep_end(h);
     } else if (head == NULL || !h->sweep_armed || slow_calls != h->sweep_slow_calls) {
       /* Looked at again later: taken over once its thread has made no slow
        * call for HAK_DORMANT_MS while frees waited. */

@@ -259,7 +259,9 @@ void hak_remote_sweep_end(hak_heap_t* heap) {
    * blocks), and one block pushed onto the list after them tells the owner. */
   if (first != NULL) hak_block_set_next(last, unread);
   else first = unread;
-  atomic_store_explicit(&heap->remote_back, hak_block_next_remote(first), memory_order_release);
+  hak_block_t* old = atomic_exchange_explicit(&heap->remote_back, hak_block_next_remote(first), memory_order_release);
+  hak_assert(old == NULL); /* (only here is it set, and a takeover empties it) */
+  (void)old;
   hak_remote_push(heap, first);
 }
 

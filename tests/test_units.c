@@ -406,6 +406,7 @@ static pthread_barrier_t long_step;
 
 static void* long_large;  /* and a large block of the owner's */
 static bool long_wakes;   /* the owner wakes (malloc_trim) before it ends */
+static bool long_refills; /* ... or by a malloc that refills from its queues */
 
 static void* long_owner(void* arg) {
   int count = *(int*)arg;
@@ -420,6 +421,15 @@ static void* long_owner(void* arg) {
     CHECK(long_heap->sweep == NULL);
     CHECK(remote_length(long_heap) == 0);
     CHECK(atomic_load(&long_heap->reclaimed) == NULL);
+    hak_heap_check(hak_tls_heap);
+  }
+  if (long_refills) {
+    /* Its first refill takes its list back and collects it. */
+    void* q = hak_malloc(3000); /* (a class it has no page of) */
+    CHECK(q != NULL);
+    CHECK(long_heap->sweep == NULL);
+    CHECK(remote_length(long_heap) == 0);
+    hak_free(q);
     hak_heap_check(hak_tls_heap);
   }
   pthread_barrier_wait(&long_step);
@@ -574,6 +584,7 @@ static void test_sweep_trim(void) {
   pthread_t owner;
   int count = LONG_BLOCKS;
   long_wakes = false;
+  long_refills = true;
   long_start(&owner, &count);
   for (int i = 0; i < LONG_BLOCKS - LONG_LATER; i++) hak_free(long_blocks[i]);
   hak_remote_flush(hak_tls_heap);
@@ -589,7 +600,7 @@ static void test_sweep_trim(void) {
   hak_heap_note_slow(long_heap);
   hak_heaps_sweep(hak_tls_heap, t, false);
   t += look_step();
-  CHECK(long_heap->sweep == NULL);
+  CHECK(long_heap->sweep == NULL && !long_heap->sweep_armed);
   CHECK(atomic_load(&long_heap->remote_back) != NULL);
   CHECK(atomic_load(&long_heap->remote) != NULL && hak_remote_pending(long_heap));
   CHECK(long_accounted(long_heap) == listed);
@@ -602,18 +613,20 @@ static void test_sweep_trim(void) {
   CHECK(atomic_load(&hak_counters.reclaimed_pages) > reclaimed);
   CHECK(long_heap->sweep != NULL && remote_length(long_heap) == 0);
   CHECK(long_accounted(long_heap) == listed);
-  /* Never purged but by malloc_trim: read, and given back. */
+  /* Never purged but by malloc_trim (no look comes to give the list back):
+   * a later trim reads only what came, and the thread takes its list back
+   * at its first refill. */
   int32_t delay = HAK_POLICY(purge_delay_ms);
   hak_policy_publish_delay(-1);
   for (int i = LONG_BLOCKS - LONG_LATER; i < LONG_BLOCKS; i++) hak_free(long_blocks[i]);
   hak_remote_flush(hak_tls_heap);
   hak_trim();
   CHECK(walked_since(&mark) == LONG_LATER);
-  CHECK(long_heap->sweep == NULL);
+  CHECK(long_heap->sweep != NULL);
   CHECK(long_accounted(long_heap) == listed + LONG_LATER);
+  long_end(owner); /* (long_refills: the checks) */
   hak_policy_publish_delay(delay);
-  long_end(owner); /* (it collects all as it ends) */
-  CHECK(remote_length(long_heap) == 0);
+  long_refills = false;
   hak_free(long_large);
 }
 
@@ -648,6 +661,56 @@ static void test_sweep_foreign(void) {
   hak_heap_check(hak_tls_heap);
   for (int i = 50; i < 100; i++) hak_free(long_blocks[i]);
   hak_free(long_large);
+}
+
+/* The same through the looks of its own outbox flushes, on the real clock
+ * (about HAK_DORMANT_MS; run before the tests that move the looks' times
+ * far ahead): its heap is taken over once dormant, not given back at every
+ * look. */
+enum { FLUSH_THEIRS = 40000 };
+static void** flush_theirs;
+
+static void* flush_owner(void* arg) {
+  (void)arg;
+  for (int i = 0; i < 100; i++) REQUIRE((long_blocks[i] = hak_malloc(16)) != NULL);
+  long_heap = hak_tls_heap;
+  pthread_barrier_wait(&long_step); /* handed over */
+  pthread_barrier_wait(&long_step); /* freed: on its list */
+  uint32_t start = hak_now_ms();
+  int k = 0;
+  while (__atomic_load_n(&long_heap->sweep, __ATOMIC_RELAXED) == NULL && k < FLUSH_THEIRS &&
+         hak_now_ms() - start < 4 * HAK_DORMANT_MS) {
+    hak_free(flush_theirs[k++]);
+    hak_remote_flush(hak_tls_heap);
+    if (k % HAK_SWEEP_FLUSHES == 0) usleep(4000);
+  }
+  CHECK(long_heap->sweep != NULL); /* its own look took it */
+  CHECK(hak_remote_swept_held(long_heap) >= 100);
+  hak_trim(); /* awake: back, and collected */
+  CHECK(long_heap->sweep == NULL && remote_length(long_heap) == 0);
+  hak_heap_check(hak_tls_heap);
+  *(int*)&flush_theirs[FLUSH_THEIRS] = k; /* (where it stopped) */
+  return NULL;
+}
+
+static void test_sweep_flush_own(void) {
+  if (HAK_POLICY(purge_delay_ms) < 0) return;
+  REQUIRE((flush_theirs = hak_malloc((FLUSH_THEIRS + 1) * sizeof(void*))) != NULL);
+  for (int i = 0; i < FLUSH_THEIRS; i++) REQUIRE((flush_theirs[i] = hak_malloc(16)) != NULL);
+  REQUIRE(pthread_barrier_init(&long_step, NULL, 2) == 0);
+  pthread_t owner;
+  REQUIRE(pthread_create(&owner, NULL, flush_owner, NULL) == 0);
+  pthread_barrier_wait(&long_step);
+  for (int i = 0; i < 100; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  pthread_barrier_wait(&long_step);
+  pthread_join(owner, NULL);
+  pthread_barrier_destroy(&long_step);
+  int stopped = *(int*)&flush_theirs[FLUSH_THEIRS];
+  hak_trim(); /* (this thread's list, perhaps taken meanwhile, back and collected) */
+  for (int i = stopped; i < FLUSH_THEIRS; i++) hak_free(flush_theirs[i]);
+  hak_free(flush_theirs);
+  hak_heap_check(hak_tls_heap);
 }
 
 /* A thread that frees only others' blocks looks at its own heap as at any
@@ -869,6 +932,7 @@ int main(void) {
   test_unit_runs();
   test_remote_free();
   test_remote_outbox();
+  test_sweep_flush_own();
   test_dormant_sweep();
   test_sweep_bounded();
   test_sweep_once();
