@@ -663,6 +663,20 @@ static void test_sweep_foreign(void) {
   hak_free(long_large);
 }
 
+/* Runs fn in a thread that allocates long_blocks[0..99], and frees them
+ * into its heap once it has handed them over. */
+static void own_run(void* (*fn)(void*), void* arg) {
+  REQUIRE(pthread_barrier_init(&long_step, NULL, 2) == 0);
+  pthread_t owner;
+  REQUIRE(pthread_create(&owner, NULL, fn, arg) == 0);
+  pthread_barrier_wait(&long_step);
+  for (int i = 0; i < 100; i++) hak_free(long_blocks[i]);
+  hak_remote_flush(hak_tls_heap);
+  pthread_barrier_wait(&long_step);
+  pthread_join(owner, NULL);
+  pthread_barrier_destroy(&long_step);
+}
+
 /* The same through the looks of its own outbox flushes, on the real clock
  * (about HAK_DORMANT_MS; run before the tests that move the looks' times
  * far ahead): its heap is taken over once dormant, not given back at every
@@ -697,15 +711,7 @@ static void test_sweep_flush_own(void) {
   if (HAK_POLICY(purge_delay_ms) < 0) return;
   REQUIRE((flush_theirs = hak_malloc((FLUSH_THEIRS + 1) * sizeof(void*))) != NULL);
   for (int i = 0; i < FLUSH_THEIRS; i++) REQUIRE((flush_theirs[i] = hak_malloc(16)) != NULL);
-  REQUIRE(pthread_barrier_init(&long_step, NULL, 2) == 0);
-  pthread_t owner;
-  REQUIRE(pthread_create(&owner, NULL, flush_owner, NULL) == 0);
-  pthread_barrier_wait(&long_step);
-  for (int i = 0; i < 100; i++) hak_free(long_blocks[i]);
-  hak_remote_flush(hak_tls_heap);
-  pthread_barrier_wait(&long_step);
-  pthread_join(owner, NULL);
-  pthread_barrier_destroy(&long_step);
+  own_run(flush_owner, NULL);
   int stopped = *(int*)&flush_theirs[FLUSH_THEIRS];
   hak_trim(); /* (this thread's list, perhaps taken meanwhile, back and collected) */
   for (int i = stopped; i < FLUSH_THEIRS; i++) hak_free(flush_theirs[i]);
@@ -736,16 +742,8 @@ static void* own_look_owner(void* arg) {
 }
 
 static void test_sweep_own(void) {
-  REQUIRE(pthread_barrier_init(&long_step, NULL, 2) == 0);
   uint32_t t = hak_now_ms() + 9000000; /* beyond test_sweep_foreign's */
-  pthread_t owner;
-  REQUIRE(pthread_create(&owner, NULL, own_look_owner, &t) == 0);
-  pthread_barrier_wait(&long_step);
-  for (int i = 0; i < 100; i++) hak_free(long_blocks[i]);
-  hak_remote_flush(hak_tls_heap);
-  pthread_barrier_wait(&long_step);
-  pthread_join(owner, NULL);
-  pthread_barrier_destroy(&long_step);
+  own_run(own_look_owner, &t);
 }
 
 /* A thread that makes no page event still checks its purge delay (and looks
