@@ -69,7 +69,7 @@ static bool realloc_grow_in_place(hak_segment_t* seg, hak_page_t* page, void* p,
 HAK_ENTRY __attribute__((patchable_function_entry(32, 32))) void* hak_realloc(void* p, size_t size) {
   if (p == NULL) return hak_alloc_inline(size);
   if (size == 0) { /* glibc frees and returns NULL */
-    hak_free_inline(p);
+    hak_free_block(p, false);
     return NULL;
   }
   hak_segment_t* seg = hak_segment_lookup(p);
@@ -114,7 +114,7 @@ HAK_ENTRY __attribute__((patchable_function_entry(32, 32))) void* hak_realloc(vo
   if (q == NULL) q = hak_alloc_inline(size);
   if (q == NULL) return NULL; /* errno is ENOMEM; p is untouched */
   memcpy(q, p, size < usable ? size : usable);
-  hak_free_inline(p);
+  hak_free_block(p, false);
   if (size > usable && heap->kind == HAK_HEAP_THREAD) heap->realloc_last = ~(uintptr_t)q;
   return q;
 }

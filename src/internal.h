@@ -671,6 +671,20 @@ HAK_INLINE bool hak_is_block_start(const hak_page_t* page, const void* p) {
   return (uint64_t)off * magic < magic;
 }
 
+/* The same on free's hit path: on x86-64 both instructions read the magic
+ * from memory (held in a register, it cost the path one instruction more;
+ * an asm's operand, since a remote free reads it as the owner changes it). */
+HAK_INLINE bool hak_is_block_start_hit(const hak_page_t* page, const void* p) {
+#if defined(__x86_64__)
+  uint64_t off = (uint32_t)((uint32_t)(uintptr_t)p - page->start_lo);
+  bool below;
+  __asm__("imulq %[m], %[off]\n\tcmpq %[m], %[off]" : [off] "+r"(off), "=@ccb"(below) : [m] "m"(page->div_magic));
+  return below;
+#else
+  return hak_is_block_start(page, p);
+#endif
+}
+
 /* The same test for a page found full, whose div_magic is 0 meanwhile. */
 HAK_INLINE bool hak_is_block_start_full(const hak_page_t* page, const void* p) {
   uint32_t off = (uint32_t)(uintptr_t)p - page->start_lo;
@@ -825,7 +839,10 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
  * the block at the head of the free list: a double free, the common one).
  * Everything else (NULL, foreign pointers, huge blocks, other threads' blocks,
  * aligned blocks) goes to the slow paths. */
-HAK_INLINE void hak_free_inline(void* p) {
+/* hit: free's entry points (hak_is_block_start_hit); realloc, which frees
+ * the block it moved, keeps the magic in a register: its growth ran 3.6%
+ * slower with the other (fewer instructions: code placement). */
+HAK_INLINE void hak_free_block(void* p, bool hit) {
   HAK_VG_FREE(p);
   if (unlikely(hak_segmap_get(p) != HAK_MAP_SEGMENT)) {
     hak_free_special(p);
@@ -838,7 +855,7 @@ HAK_INLINE void hak_free_inline(void* p) {
   hak_segment_t* seg = (hak_segment_t*)(idx << HAK_SEG_SHIFT);
   hak_page_t* page = hak_page_of(seg, p);
   if (likely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) == hak_thread_id() &&
-             hak_is_block_start(page, p))) {
+             (hit ? hak_is_block_start_hit(page, p) : hak_is_block_start(page, p)))) {
     hak_block_t* b = (hak_block_t*)p;
     hak_block_t* head = page->free;
     /* The block freed last, again (the secure build's canary check, next,
@@ -859,6 +876,7 @@ HAK_INLINE void hak_free_inline(void* p) {
   }
   hak_free_slow(seg, page, p);
 }
+HAK_INLINE void hak_free_inline(void* p) { hak_free_block(p, true); }
 
 /* ---- internal interfaces between the parts ------------------------------- */
 
