@@ -702,9 +702,8 @@ static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
 /* Sweeps the dormant heaps (remote.c) once a purge delay at most (never if
  * memory is never purged), from a page event or refill of any thread's or
  * its remote frees; with all (malloc_trim), every other thread's heap at
- * once, whole (and gives them back at once if memory is never purged).
- * self, the looking thread's heap if it is awake (else NULL), is given back
- * what the sweeper held of it. */
+ * once, whole.  self, the looking thread's heap if it is awake (else NULL),
+ * is given back what the sweeper held of it. */
 void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
   static _Atomic uint32_t next_ms;
   static _Atomic bool behind; /* the last look left blocks unread */

@@ -838,10 +838,10 @@ HAK_INLINE void* hak_alloc_inline(size_t size) {
  * it and p starts a block of a page that is not full, push it (unless it is
  * the block at the head of the free list: a double free, the common one).
  * Everything else (NULL, foreign pointers, huge blocks, other threads' blocks,
- * aligned blocks) goes to the slow paths. */
-/* hit: free's entry points (hak_is_block_start_hit); realloc, which frees
- * the block it moved, keeps the magic in a register: its growth ran 3.6%
- * slower with the other (fewer instructions: code placement). */
+ * aligned blocks) goes to the slow paths.  hit: free's entry points
+ * (hak_is_block_start_hit); realloc, which frees the block it moved, keeps
+ * the magic in a register: its growth ran 3.6% slower with the other
+ * (fewer instructions: code placement). */
 HAK_INLINE void hak_free_block(void* p, bool hit) {
   HAK_VG_FREE(p);
   if (unlikely(hak_segmap_get(p) != HAK_MAP_SEGMENT)) {
@@ -967,7 +967,6 @@ void hak_thread_register(hak_heap_t* heap);
 /* remote.c */
 void hak_remote_push(hak_heap_t* heap, hak_block_t* b);
 void hak_remote_push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* last);
-hak_block_t* hak_remote_tail(hak_block_t* list); /* the last block of a non-empty list */
 void hak_remote_free(hak_heap_t* self, hak_heap_t* owner, const hak_page_t* page, hak_block_t* b);
 void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);

@@ -30,11 +30,6 @@ void hak_remote_push_chain(hak_heap_t* heap, hak_block_t* first, hak_block_t* la
 
 void hak_remote_push(hak_heap_t* heap, hak_block_t* b) { hak_remote_push_chain(heap, b, b); }
 
-hak_block_t* hak_remote_tail(hak_block_t* list) {
-  for (hak_block_t* next; (next = hak_block_next_remote(list)) != NULL;) list = next;
-  return list;
-}
-
 void hak_remote_flush(hak_heap_t* self) {
   if (self->outbox_count == 0) return;
   /* The blocks' heap may have been abandoned and absorbed (its segments,
@@ -126,9 +121,9 @@ void hak_remote_collect(hak_heap_t* heap) {
  * block chained to the others of its page in a table, and reads each block
  * once: at every look the blocks come since, HAK_SWEEP_WALK_MAX at most
  * (the list's blocks lie scattered: ~300 ns each).  A page is freed as soon
- * as its last block is read.  The rest goes back on the list when the heap's
- * thread makes a slow call again (seen at the next look) or ends: meanwhile
- * those blocks count as in use, as frees in flight do. */
+ * as its last block is read.  The rest goes back when the heap's thread
+ * refills from its queues, makes another slow call (seen at the next look)
+ * or ends: meanwhile those blocks count as in use, as frees in flight do. */
 
 typedef struct {
   hak_page_t* page;
@@ -183,8 +178,9 @@ static void sweep_free_page(hak_heap_t* heap, sweep_slot_t* slot) {
 }
 
 /* Takes over heap's list (a live thread's, dormant; the caller's only if it
- * makes no slow calls; under the heaps lock), or goes on with it: reads at most budget blocks of what
- * was taken and came since.  Returns the blocks read. */
+ * makes no slow calls; under the heaps lock), or goes on with it: reads at
+ * most budget blocks of what was taken and came since.  Returns the blocks
+ * read. */
 size_t hak_remote_sweep(hak_heap_t* heap, size_t budget) {
   hak_sweep_t* sw = heap->sweep;
   if (sw == NULL) {
