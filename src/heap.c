@@ -102,9 +102,9 @@ HAK_INLINE void* heap_pop(hak_heap_t* heap, hak_page_t* page) {
   return b;
 }
 
-/* The thread is awake: what the sweeper held of its list comes back now,
- * to be collected (a look would give it back too, but none comes where
- * memory is never purged but by malloc_trim). */
+/* The thread is awake (or ends): what the sweeper held of its list comes
+ * back now, to be collected (a look would give it back too, but none comes
+ * where memory is never purged but by malloc_trim). */
 static HAK_NOINLINE HAK_COLD void heap_sweep_back(hak_heap_t* heap) {
   pthread_mutex_lock(&heaps_lock);
   hak_remote_sweep_end(heap);
@@ -589,11 +589,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   hak_remote_flush(heap);
   global_heap_collect();
   abandoned_collect();
-  if (__atomic_load_n(&heap->sweep, __ATOMIC_RELAXED) != NULL) { /* its list back first, to be collected now */
-    pthread_mutex_lock(&heaps_lock);
-    hak_remote_sweep_end(heap);
-    pthread_mutex_unlock(&heaps_lock);
-  }
+  if (__atomic_load_n(&heap->sweep, __ATOMIC_RELAXED) != NULL) heap_sweep_back(heap); /* collected below */
   heap_trim_abandoned(heap, false);
   if (__atomic_load_n(&hak_heap_dead.kind, __ATOMIC_ACQUIRE) != HAK_HEAP_DEAD) {
     pthread_mutex_lock(&heaps_lock);
