@@ -482,7 +482,7 @@ void hak_heaps_collect_spare(hak_heap_t* heap) {
     }
     pthread_mutex_unlock(&heaps_lock);
     if (lists[0] == NULL && lists[1] == NULL) return;
-    hak_remote_collect_list(heap, lists[0]);
+    hak_remote_collect_stack(heap, lists[0]);
     hak_remote_collect_list(heap, lists[1]);
   }
 }

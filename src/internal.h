@@ -130,6 +130,8 @@ void hak_heap_check(struct hak_heap_s* heap);
 /* Remote frees (of blocks up to HAK_SMALL_MAX) a thread batches for one owner
  * before pushing them (remote.c). */
 #define HAK_OUTBOX_MAX 32
+/* The chains of a remote list its owner walks side by side (remote.c). */
+#define HAK_COLLECT_WAYS 16
 /* Free units a heap keeps backed at most, waiting for the purge delay: half
  * the units of its segments, and at least this many (16 MiB);
  * beyond, the oldest are purged. */
@@ -972,6 +974,7 @@ void hak_remote_flush(hak_heap_t* self);
 void hak_remote_collect(hak_heap_t* heap);
 void hak_remote_collect_from(hak_heap_t* heap, hak_heap_t* from);
 void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list);
+void hak_remote_collect_stack(hak_heap_t* heap, hak_block_t* stack);
 void hak_remote_take_reclaimed(hak_heap_t* heap, hak_heap_t* from);
 size_t hak_remote_sweep(hak_heap_t* heap, size_t budget);
 void hak_remote_sweep_end(hak_heap_t* heap);

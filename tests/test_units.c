@@ -304,6 +304,73 @@ static void test_remote_outbox(void) {
   pthread_barrier_destroy(&outbox_other_done);
 }
 
+/* A heap's list is a stack of chains, one a push; its owner walks several
+ * side by side, each up to where the chain below begins.  Here chains of 1
+ * to 40 blocks of several classes, more chains than are walked at once, with
+ * blocks of another live heap among them (passed on to it). */
+enum { STACK_MINE = 3000, STACK_OTHER = 60 };
+static void* stack_mine[STACK_MINE];
+static void* stack_other[STACK_OTHER];
+static hak_heap_t* stack_other_heap;
+static pthread_barrier_t stack_step;
+
+static void* stack_owner(void* arg) {
+  (void)arg;
+  for (int i = 0; i < STACK_OTHER; i++) REQUIRE((stack_other[i] = hak_malloc(24)) != NULL);
+  stack_other_heap = hak_tls_heap;
+  pthread_barrier_wait(&stack_step); /* handed over */
+  pthread_barrier_wait(&stack_step); /* passed on to this heap */
+  hak_remote_collect(hak_tls_heap);
+  return NULL;
+}
+
+static void test_remote_stack(void) {
+  hak_heap_t* heap = hak_tls_heap;
+  hak_remote_collect(heap);
+  REQUIRE(pthread_barrier_init(&stack_step, NULL, 2) == 0);
+  pthread_t owner;
+  REQUIRE(pthread_create(&owner, NULL, stack_owner, NULL) == 0);
+  pthread_barrier_wait(&stack_step);
+  for (int i = 0; i < STACK_MINE; i++) REQUIRE((stack_mine[i] = hak_malloc(16 + (size_t)(i * 37) % 1000)) != NULL);
+  /* The pages' counts, to see each block collected once. */
+  enum { PAGES = 512 };
+  static hak_page_t* pages[PAGES];
+  static uint32_t used[PAGES], mine_in[PAGES];
+  size_t npages = 0;
+  for (int i = 0; i < STACK_MINE; i++) {
+    hak_page_t* page = hak_page_of(hak_segment_of(stack_mine[i]), stack_mine[i]);
+    size_t k = 0;
+    while (k < npages && pages[k] != page) k++;
+    REQUIRE(k < PAGES);
+    if (k == npages) pages[npages++] = page;
+    mine_in[k]++;
+  }
+  for (size_t k = 0; k < npages; k++) used[k] = pages[k]->used;
+  size_t mine = 0, other = 0, chains = 0;
+  while (mine < STACK_MINE) {
+    size_t len = 1 + (chains * 7) % 40;
+    hak_block_t *first = NULL, *last = NULL;
+    for (size_t j = 0; j < len && mine < STACK_MINE; j++) {
+      hak_block_t* b = other < STACK_OTHER && (mine + j) % 50 == 7 ? stack_other[other++] : stack_mine[mine++];
+      if (first == NULL) last = b;
+      hak_block_set_next(b, first);
+      first = b;
+    }
+    hak_remote_push_chain(heap, first, last);
+    chains++;
+  }
+  CHECK(chains > 4 * HAK_COLLECT_WAYS);
+  CHECK(remote_length(heap) == STACK_MINE + other);
+  hak_remote_collect(heap);
+  CHECK(remote_length(heap) == 0);
+  CHECK(remote_length(stack_other_heap) == other);
+  for (size_t k = 0; k < npages; k++) CHECK(pages[k]->used == used[k] - mine_in[k]);
+  hak_heap_check(heap);
+  pthread_barrier_wait(&stack_step);
+  pthread_join(owner, NULL);
+  pthread_barrier_destroy(&stack_step);
+}
+
 /* A heap whose thread hands its blocks to others and then waits: once they
  * are all freed, the sweep gives the memory of its full pages back, and the
  * heap retires those pages when its thread collects again. */
@@ -941,6 +1008,7 @@ int main(void) {
   test_refill_looks();
   test_abandon_adopt();
   test_absorb_after_delay();
+  test_remote_stack(); /* (its thread's heap, left in the pool, would be the sweep tests') */
   test_huge_cache_and_remap();
   test_invariant_check();
   return hak_test_result("test_units");
