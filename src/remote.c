@@ -9,7 +9,7 @@
  * holds HAK_OUTBOX_MAX blocks, when a block of another owner comes, and on
  * the thread's refills, trims and exit.  Until then its blocks count as in
  * use, as any free in flight: 31 blocks at most a thread, of HAK_SMALL_MAX
- * bytes at most..
+ * bytes at most.
  *
  * A heap's list is thus a stack of chains, one a push, and the first block
  * of each names in its second word (every block has two) the first of the
