@@ -16,8 +16,8 @@
  * chain pushed before it, the one below.  Walked link by link, the list is a
  * run of dependent loads, each waiting for a line the freeing CPU wrote last;
  * the owner reads the chains' first blocks, then walks HAK_COLLECT_WAYS
- * chains side by side, as many lines crossing at once (xthread 2x faster on
- * a near pair of CPUs, 3x on a far one).  The secure build keeps a block's
+ * chains side by side, as many lines crossing at once (xthread 1.9x faster
+ * on a near pair of CPUs, about 2.5x on a far one).  The secure build keeps a block's
  * last word for its canary, in the 16-byte class its second: its lists are
  * walked one block after another. */
 #include <string.h>
