@@ -342,10 +342,12 @@ static void test_remote_stack(void) {
     size_t k = 0;
     while (k < npages && pages[k] != page) k++;
     REQUIRE(k < PAGES);
-    if (k == npages) pages[npages++] = page;
+    if (k == npages) {
+      pages[k] = page;
+      used[npages++] = page->used;
+    }
     mine_in[k]++;
   }
-  for (size_t k = 0; k < npages; k++) used[k] = pages[k]->used;
   size_t mine = 0, other = 0, chains = 0;
   while (mine < STACK_MINE) {
     size_t len = 1 + (chains * 7) % 40;
