@@ -120,7 +120,7 @@ void hak_heap_check(struct hak_heap_s* heap);
  * moment for work is not: its pages would be faulted in again). */
 #define HAK_DORMANT_MS 1000
 /* The blocks a look at the dormant heaps reads at most (malloc_trim's: all),
- * 10-20 ms of the looking thread's time (~300 ns a block: remote.c), and a
+ * 5-10 ms of the looking thread's time (~100 ns a block: remote.c), and a
  * quarter of that at looks this close, their interval while a look has left
  * blocks unread: a quarter of a thread's time at most (heap.c). */
 #define HAK_SWEEP_WALK_MAX ((size_t)1 << 16)

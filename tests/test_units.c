@@ -645,6 +645,77 @@ static void test_sweep_abandoned(void) {
   CHECK(in_use == 0);
 }
 
+/* The sweeper reads a stack of chains side by side, as the owner collects
+ * it, and may stop anywhere in it: what it leaves must be a whole list (and
+ * stack) again.  Chains of 1 to 40 blocks, read a few blocks a look (budgets
+ * of 1 to 97), given back half read and taken again: every block is read
+ * once, each full page freed when its last block is, and the owner, once it
+ * ends, collects everything. */
+static void test_sweep_stack(void) {
+  enum { COUNT = 10000 };
+  pthread_t owner;
+  int count = COUNT;
+  long_wakes = false;
+  long_refills = false;
+  long_start(&owner, &count);
+  hak_page_t* full[8];
+  size_t nfull = 0;
+  for (int i = 0; i < COUNT; i++) {
+    hak_page_t* page = hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i]);
+    if (!page->in_full || (nfull > 0 && full[nfull - 1] == page)) continue;
+    REQUIRE(nfull < 8);
+    full[nfull++] = page;
+  }
+  CHECK(nfull >= 1);
+  size_t before = remote_length(long_heap), pushed = 0, chains = 0;
+  while (pushed < COUNT) {
+    size_t len = 1 + (chains * 7) % 40;
+    hak_block_t *first = NULL, *last = NULL;
+    for (size_t j = 0; j < len && pushed < COUNT; j++) {
+      hak_block_t* b = long_blocks[pushed++];
+      if (first == NULL) last = b;
+      hak_block_set_next(b, first);
+      first = b;
+    }
+    hak_remote_push_chain(long_heap, first, last);
+    chains++;
+  }
+  size_t listed = remote_length(long_heap), total = listed;
+  CHECK(listed == before + COUNT);
+  size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages), read = 0, look = 0, gave_back = 0;
+  static const size_t budgets[] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 97};
+  for (;;) {
+    size_t budget = budgets[look++ % (sizeof budgets / sizeof budgets[0])];
+    size_t n = hak_remote_sweep(long_heap, budget);
+    CHECK(n == (listed - read < budget ? listed - read : budget));
+    read += n;
+    CHECK(long_accounted(long_heap) == total);
+    if (n == 0) break;
+    if (!gave_back && read >= listed / 2) {
+      /* Given back, part unread; the next look takes it again, all of it
+       * unread now (but the blocks of pages freed meanwhile). */
+      hak_remote_sweep_end(long_heap);
+      CHECK(long_heap->sweep == NULL);
+      CHECK(long_accounted(long_heap) == total);
+      listed = remote_length(long_heap);
+      read = 0;
+      gave_back = 1;
+    }
+  }
+  CHECK(gave_back);
+  CHECK(remote_length(long_heap) == 0);
+  CHECK(atomic_load(&hak_counters.reclaimed_pages) - reclaimed == nfull);
+  for (size_t k = 0; k < nfull; k++) CHECK(full[k]->used == 0);
+  hak_free(long_large);
+  hak_remote_flush(hak_tls_heap);
+  long_end(owner); /* (it ends: its list given back and collected) */
+  CHECK(long_heap->sweep == NULL);
+  CHECK(remote_length(long_heap) == 0);
+  size_t in_use = 0;
+  for (int i = 0; i < COUNT; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
+  CHECK(in_use == 0);
+}
+
 /* Given back while part of it is unread, the list waits apart, and its
  * owner collects it; malloc_trim reads a list whole however long, and gives
  * it back at once where memory is never purged but by malloc_trim (no look
@@ -1004,6 +1075,7 @@ int main(void) {
   test_sweep_bounded();
   test_sweep_once();
   test_sweep_abandoned();
+  test_sweep_stack();
   test_sweep_trim();
   test_sweep_foreign();
   test_sweep_own();
