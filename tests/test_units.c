@@ -682,7 +682,8 @@ static void test_sweep_stack(void) {
   }
   size_t listed = remote_length(long_heap), total = listed;
   CHECK(listed == before + COUNT);
-  size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages), read = 0, look = 0, gave_back = 0;
+  size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages), read = 0, look = 0;
+  bool gave_back = false;
   static const size_t budgets[] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 97};
   for (;;) {
     size_t budget = budgets[look++ % (sizeof budgets / sizeof budgets[0])];
@@ -699,7 +700,7 @@ static void test_sweep_stack(void) {
       CHECK(long_accounted(long_heap) == total);
       listed = remote_length(long_heap);
       read = 0;
-      gave_back = 1;
+      gave_back = true;
     }
   }
   CHECK(gave_back);
