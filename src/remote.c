@@ -267,8 +267,8 @@ static void sweep_read(hak_heap_t* heap, hak_sweep_t* sw, hak_block_t* b) {
 }
 
 #if !HAK_SECURE
-/* Reads exactly budget blocks of the stack of chains unread (fewer if it
- * ends): HAK_COLLECT_WAYS chains side by side, as the owner collects them.
+/* Reads one round of the stack of chains unread, budget blocks at most:
+ * HAK_COLLECT_WAYS chains side by side, as the owner collects them.
  * A look may stop within chains, and what it leaves must be a stack again,
  * so the chains' first blocks (each ends the chain above it) are read last,
  * once all the chains are; where the look stops, each first block not read
@@ -325,7 +325,8 @@ size_t hak_remote_sweep(hak_heap_t* heap, size_t budget) {
     sw->mask = size - 1;
     /* (Only hak_remote_sweep_end sets remote_back, once: for as long as sw
      * lives it stays empty.) */
-    sw->unread = atomic_exchange_explicit(&heap->remote_back, NULL, memory_order_acquire); /* (a plain list) */
+    sw->unread = atomic_exchange_explicit(&heap->remote_back, NULL, memory_order_acquire);
+    sw->unread_stacked = false; /* (a plain list) */
     __atomic_store_n(&heap->sweep, sw, __ATOMIC_RELAXED);
   }
   size_t n = 0;

@@ -647,10 +647,11 @@ static void test_sweep_abandoned(void) {
 
 /* The sweeper reads a stack of chains side by side, as the owner collects
  * it, and may stop anywhere in it: what it leaves must be a whole list (and
- * stack) again.  Chains of 1 to 40 blocks, read a few blocks a look (budgets
- * of 1 to 97), given back half read and taken again: every block is read
- * once, each full page freed when its last block is, and the owner, once it
- * ends, collects everything. */
+ * stack) again.  Chains of 1 to 40 blocks and a run of one-block chains (a
+ * round of first blocks only, where looks stop among them), read a few blocks
+ * a look (budgets of 1 to 97), given back half read and taken again: every
+ * block is read once, each full page freed when its last block is, and the
+ * owner, once it ends, collects everything. */
 static void test_sweep_stack(void) {
   enum { COUNT = 10000 };
   pthread_t owner;
@@ -669,7 +670,8 @@ static void test_sweep_stack(void) {
   CHECK(nfull >= 1);
   size_t before = remote_length(long_heap), pushed = 0, chains = 0;
   while (pushed < COUNT) {
-    size_t len = 1 + (chains * 7) % 40;
+    size_t len = COUNT - pushed == 3 ? 3 : COUNT - pushed <= 400 ? 1 : 1 + (chains * 7) % 40;
+    if (COUNT - pushed > 3 && len > COUNT - pushed - 3) len = COUNT - pushed - 3; /* (the top chain: 3) */
     hak_block_t *first = NULL, *last = NULL;
     for (size_t j = 0; j < len && pushed < COUNT; j++) {
       hak_block_t* b = long_blocks[pushed++];
@@ -685,12 +687,19 @@ static void test_sweep_stack(void) {
   size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages), read = 0, look = 0;
   bool gave_back = false;
   static const size_t budgets[] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 97};
+  hak_block_t* top = long_blocks[COUNT - 1]; /* (its chain: it, then COUNT - 2, then COUNT - 3;
+                                                 below, the one-block chains, read before the give-back) */
   for (;;) {
     size_t budget = budgets[look++ % (sizeof budgets / sizeof budgets[0])];
     size_t n = hak_remote_sweep(long_heap, budget);
     CHECK(n == (listed - read < budget ? listed - read : budget));
     read += n;
     CHECK(long_accounted(long_heap) == total);
+#if !HAK_SECURE
+    /* Side by side, the first look (one block) read the top chain's second
+     * block, and left its first linked to its third. */
+    if (look == 1) CHECK(hak_block_next_remote(top) == long_blocks[COUNT - 3]);
+#endif
     if (n == 0) break;
     if (!gave_back && read >= listed / 2) {
       /* Given back, part unread; the next look takes it again, all of it
