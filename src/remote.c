@@ -128,31 +128,64 @@ void hak_remote_collect_list(hak_heap_t* heap, hak_block_t* list) {
   hak_stat_add(heap->stats.remote_frees, collected);
 }
 
-/* Collects a stack of chains taken from a heap's list: HAK_COLLECT_WAYS
- * chains at a time, a block of each in turn.  Each chain ends where the
- * chain below begins. */
+#if !HAK_SECURE
+/* Visits the blocks of *stack, a stack of chains, at most budget of them if
+ * bounded: HAK_COLLECT_WAYS chains side by side, a block of each in turn,
+ * each chain ending where the chain below begins.  A bounded walk (the
+ * sweeper's) may stop within chains, and what it leaves in *stack must be a
+ * stack again, so there the chains' first blocks are visited last, once all
+ * the chains of the round are; where the walk stops, each first block not
+ * visited is linked to where its chain stands.  Returns the sum of what
+ * visit(heap, arg, block) returned.  (Inlined into the owner's collection
+ * and the sweeper's look, each with its own visit.) */
+HAK_INLINE size_t stack_walk(hak_heap_t* heap, hak_block_t** stack_at, bool bounded, size_t budget,
+                             size_t (*visit)(hak_heap_t*, void*, hak_block_t*), void* arg) {
+  hak_block_t *head[HAK_COLLECT_WAYS], *at[HAK_COLLECT_WAYS], *end[HAK_COLLECT_WAYS];
+  hak_block_t* stack = *stack_at;
+  size_t n = 0, sum = 0;
+  while (stack != NULL && !(bounded && n >= budget)) {
+    size_t ways = 0, walking = 0;
+    for (; ways < HAK_COLLECT_WAYS && stack != NULL; ways++) {
+      head[ways] = stack;
+      at[ways] = bounded ? hak_block_next_remote(stack) : stack;
+      end[ways] = stack = chain_below(stack);
+      walking += bounded ? at[ways] != end[ways] : 1;
+    }
+    while (walking != 0 && !(bounded && n >= budget))
+      for (size_t i = 0; i < ways && !(bounded && n >= budget); i++) {
+        hak_block_t* b = at[i];
+        if (b == end[i]) continue;
+        at[i] = hak_block_next_remote(b);
+        if (bounded) __builtin_prefetch(at[i]); /* (the sweeper's visits are long: read a round later) */
+        walking -= at[i] == end[i];
+        n++;
+        sum += visit(heap, arg, b);
+      }
+    if (!bounded) continue;
+    size_t done = 0;
+    for (; done < ways && n < budget; done++, n++) sum += visit(heap, arg, head[done]);
+    if (done < ways) {
+      for (size_t i = done; i < ways; i++) hak_block_set_next(head[i], at[i]);
+      stack = head[done];
+      break;
+    }
+  }
+  *stack_at = stack;
+  return sum;
+}
+
+static size_t collect_visit(hak_heap_t* heap, void* arg, hak_block_t* b) {
+  (void)arg;
+  return collect_block(heap, b);
+}
+#endif
+
+/* Collects a stack of chains taken from a heap's list. */
 void hak_remote_collect_stack(hak_heap_t* heap, hak_block_t* stack) {
 #if HAK_SECURE
   hak_remote_collect_list(heap, stack);
 #else
-  size_t collected = 0;
-  hak_block_t *at[HAK_COLLECT_WAYS], *end[HAK_COLLECT_WAYS];
-  while (stack != NULL) {
-    size_t ways = 0;
-    for (; ways < HAK_COLLECT_WAYS && stack != NULL; ways++) {
-      at[ways] = stack;
-      end[ways] = stack = chain_below(stack);
-    }
-    for (size_t walking = ways; walking != 0;)
-      for (size_t i = 0; i < ways; i++) {
-        hak_block_t* b = at[i];
-        if (b == end[i]) continue;
-        at[i] = hak_block_next_remote(b);
-        walking -= at[i] == end[i];
-        collected += collect_block(heap, b);
-      }
-  }
-  hak_stat_add(heap->stats.remote_frees, collected);
+  hak_stat_add(heap->stats.remote_frees, stack_walk(heap, &stack, false, 0, collect_visit, NULL));
 #endif
 }
 
@@ -246,8 +279,10 @@ static void sweep_free_page(hak_heap_t* heap, sweep_slot_t* slot) {
                                                 memory_order_relaxed));
 }
 
-/* Holds b, a block of heap's list, and frees its page if b was its last. */
-static void sweep_read(hak_heap_t* heap, hak_sweep_t* sw, hak_block_t* b) {
+/* Holds b, a block of heap's list, and frees its page if b was its last;
+ * returns 1, the blocks read. */
+static size_t sweep_read(hak_heap_t* heap, void* arg, hak_block_t* b) {
+  hak_sweep_t* sw = arg;
   sw->held++;
   hak_segment_t* seg = hak_segment_of(b);
   hak_page_t* page = hak_page_of(seg, b);
@@ -258,54 +293,14 @@ static void sweep_read(hak_heap_t* heap, hak_sweep_t* sw, hak_block_t* b) {
    * its thread was awake, before this look saw it.) */
   if (slot == NULL || slot->count == UINT32_MAX) {
     sweep_chain(&sw->other_first, &sw->other_last, b);
-    return;
+    return 1;
   }
   slot->page = page;
   sweep_chain(&slot->first, &slot->last, b);
   if (++slot->count == page->reserved && __atomic_load_n(&page->in_full, __ATOMIC_ACQUIRE))
     sweep_free_page(heap, slot);
+  return 1;
 }
-
-#if !HAK_SECURE
-/* Reads one round of the stack of chains unread, budget blocks at most:
- * HAK_COLLECT_WAYS chains side by side, as the owner collects them.
- * A look may stop within chains, and what it leaves must be a stack again,
- * so the chains' first blocks (each ends the chain above it) are read last,
- * once all the chains are; where the look stops, each first block not read
- * is linked to where its chain stands. */
-static size_t sweep_read_stack(hak_heap_t* heap, hak_sweep_t* sw, size_t budget) {
-  hak_block_t *head[HAK_COLLECT_WAYS], *at[HAK_COLLECT_WAYS], *end[HAK_COLLECT_WAYS];
-  hak_block_t* stack = sw->unread;
-  size_t ways = 0, walking = 0, n = 0;
-  for (; ways < HAK_COLLECT_WAYS && stack != NULL; ways++) {
-    head[ways] = stack;
-    at[ways] = hak_block_next_remote(stack);
-    end[ways] = stack = chain_below(stack);
-    walking += at[ways] != end[ways];
-  }
-  while (walking != 0 && n < budget)
-    for (size_t i = 0; i < ways && n < budget; i++) {
-      hak_block_t* b = at[i];
-      if (b == end[i]) continue;
-      at[i] = hak_block_next_remote(b);
-      __builtin_prefetch(at[i]); /* (read a round later: this loop's body is long) */
-      walking -= at[i] == end[i];
-      n++;
-      sweep_read(heap, sw, b);
-    }
-  /* The budget spent, or every chain read but its first block: those, in
-   * order, as far as the budget goes. */
-  size_t done = 0;
-  for (; done < ways && n < budget; done++, n++) sweep_read(heap, sw, head[done]);
-  if (done == ways) {
-    sw->unread = stack;
-  } else {
-    for (size_t i = done; i < ways; i++) hak_block_set_next(head[i], at[i]);
-    sw->unread = head[done];
-  }
-  return n;
-}
-#endif
 
 /* Takes over heap's list (a live thread's, dormant; the caller's only if it
  * makes no slow calls; under the heaps lock), or goes on with it: reads at
@@ -338,14 +333,13 @@ size_t hak_remote_sweep(hak_heap_t* heap, size_t budget) {
     }
 #if !HAK_SECURE
     if (sw->unread_stacked) {
-      n += sweep_read_stack(heap, sw, budget - n);
+      n += stack_walk(heap, &sw->unread, true, budget - n, sweep_read, sw);
       continue;
     }
 #endif
     hak_block_t* b = sw->unread;
     sw->unread = hak_block_next_remote(b);
-    n++;
-    sweep_read(heap, sw, b);
+    n += sweep_read(heap, sw, b);
   }
   hak_count(sweep_walked, n);
   return n;
