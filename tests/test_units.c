@@ -687,8 +687,10 @@ static void test_sweep_stack(void) {
   size_t reclaimed = atomic_load(&hak_counters.reclaimed_pages), read = 0, look = 0;
   bool gave_back = false;
   static const size_t budgets[] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 97};
+#if !HAK_SECURE
   hak_block_t* top = long_blocks[COUNT - 1]; /* (its chain: it, then COUNT - 2, then COUNT - 3;
                                                  below, the one-block chains, read before the give-back) */
+#endif
   for (;;) {
     size_t budget = budgets[look++ % (sizeof budgets / sizeof budgets[0])];
     size_t n = hak_remote_sweep(long_heap, budget);
@@ -719,6 +721,51 @@ static void test_sweep_stack(void) {
   hak_free(long_large);
   hak_remote_flush(hak_tls_heap);
   long_end(owner); /* (it ends: its list given back and collected) */
+  CHECK(long_heap->sweep == NULL);
+  CHECK(remote_length(long_heap) == 0);
+  size_t in_use = 0;
+  for (int i = 0; i < COUNT; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
+  CHECK(in_use == 0);
+}
+
+/* A look that reads a plain list (what a give-back left) and then a stack
+ * of chains keeps to its budget across the two (from a review: a walk of
+ * the stack given the whole budget passed every other test). */
+static void test_sweep_budget_mixed(void) {
+  enum { COUNT = 2000, CHAIN = 5 };
+  pthread_t owner;
+  int count = COUNT;
+  long_wakes = false;
+  long_refills = false;
+  long_start(&owner, &count);
+  size_t before = remote_length(long_heap), pushed = 0;
+  for (int half = 0; half < 2; half++) {
+    while (pushed < (size_t)(half + 1) * COUNT / 2) {
+      hak_block_t *first = NULL, *last = NULL;
+      for (int j = 0; j < CHAIN; j++) {
+        hak_block_t* b = long_blocks[pushed++];
+        if (first == NULL) last = b;
+        hak_block_set_next(b, first);
+        first = b;
+      }
+      hak_remote_push_chain(long_heap, first, last);
+    }
+    if (half == 0) {
+      CHECK(hak_remote_sweep(long_heap, 10) == 10);
+      hak_remote_sweep_end(long_heap); /* remote_back: a plain list; remote: one block */
+    }
+  }
+  size_t total = remote_length(long_heap);
+  CHECK(total == before + COUNT);
+  size_t n = hak_remote_sweep(long_heap, 1500), read = n;
+  CHECK(n == 1500);
+  CHECK(long_accounted(long_heap) == total);
+  while ((n = hak_remote_sweep(long_heap, 97)) != 0) read += n;
+  CHECK(read == total);
+  CHECK(long_accounted(long_heap) == total);
+  hak_free(long_large);
+  hak_remote_flush(hak_tls_heap);
+  long_end(owner);
   CHECK(long_heap->sweep == NULL);
   CHECK(remote_length(long_heap) == 0);
   size_t in_use = 0;
@@ -1086,6 +1133,7 @@ int main(void) {
   test_sweep_once();
   test_sweep_abandoned();
   test_sweep_stack();
+  test_sweep_budget_mixed();
   test_sweep_trim();
   test_sweep_foreign();
   test_sweep_own();
