@@ -51,6 +51,8 @@ static void check_segments(hak_heap_t* heap, hak_segment_t* list, bool full, siz
     CHECK(seg->next == NULL || seg->next->prev == seg, "segment links");
     CHECK(full ? seg->free_units == 0 : seg->free_units != 0, "segment on the wrong list");
     CHECK((seg->dirty_units & ~seg->free_units) == 0, "dirty unit not free");
+    CHECK((seg->zero_units & ~seg->free_units) == 0, "zero unit not free");
+    CHECK((seg->zero_units & seg->dirty_units) == 0, "zero unit dirty");
     CHECK(seg->free_count == (unsigned)hak_popcount(seg->free_units), "segment's free unit count");
     CHECK(seg->free_count <= heap->segments_room, "segments' room");
     *dirty += (size_t)hak_popcount(seg->dirty_units);

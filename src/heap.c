@@ -161,7 +161,7 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
     page = heap->spare[cls];
     if (page != NULL) {
       heap->spare[cls] = NULL; /* ready as it is */
-    } else if ((page = hak_page_new(heap, cls, 0)) == NULL) {
+    } else if ((page = hak_page_new(heap, cls, 0, NULL)) == NULL) {
       errno = ENOMEM;
       return NULL;
     }
@@ -180,7 +180,8 @@ static void* heap_alloc_class(hak_heap_t* heap, unsigned cls) {
  * units after it. */
 static void* heap_alloc_large(hak_heap_t* heap, size_t size, bool home) {
   if (hak_remote_pending(heap)) hak_remote_collect(heap);
-  hak_page_t* page = home ? hak_page_new_home(heap, size) : hak_page_new(heap, HAK_CLASS_LARGE, size);
+  bool zero = false;
+  hak_page_t* page = home ? hak_page_new_home(heap, size) : hak_page_new(heap, HAK_CLASS_LARGE, size, &zero);
   if (page == NULL) {
     errno = ENOMEM;
     return NULL;
@@ -195,6 +196,7 @@ static void* heap_alloc_large(hak_heap_t* heap, size_t size, bool home) {
     heap->homes++;
   }
   hak_block_out_slow(page, b);
+  heap->zeroed_last = zero ? ~(uintptr_t)b : 0; /* (its link, the one word written, is 0 again) */
   hak_heap_check(heap);
   return b;
 }

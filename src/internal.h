@@ -233,6 +233,8 @@ struct hak_segment_s {
                                   not a pointer: memcheck would see the block reachable) */
   uint32_t huge_guard_page;    /* huge, secure build: the guard page after the block */
   uint32_t free_count;         /* free units (counted as free_units changes) */
+  uint32_t zero_units;         /* free units known to read as zero: not written since
+                                  the system gave or purged them (MADV_DONTNEED) */
   _Alignas(64) hak_page_t pages[HAK_UNITS];
   uint32_t unit_freed_ms[HAK_UNITS]; /* when each dirty free unit was freed */
   uint32_t unit_purged_ms[HAK_UNITS]; /* when each clean free unit was given back for
@@ -301,6 +303,8 @@ struct hak_heap_s {
   uint64_t prof_rng;                    /* the profiler's gaps between samples */
   uintptr_t realloc_last;               /* ~address of the block the last growing realloc moved to
                                            (inverted: no pointer for memcheck to see a leak through) */
+  uintptr_t zeroed_last;                /* ~address of the last large block made on units known
+                                           to read as zero (calloc clears no more), else 0 */
   uint32_t homes;                       /* live one-unit realloc homes (HAK_REALLOC_HOMES) */
   /* Its thread's frees of another heap's blocks wait here, chained, while
    * they go to one heap, and leave with one atomic push (remote.c). */
@@ -488,6 +492,7 @@ size_t hak_usable(const void* p);
     }                                                                       \
   } while (0)
 #define HAK_VG_UNDEFINED(p, n) ((void)VALGRIND_MAKE_MEM_UNDEFINED((p), (n)))
+#define HAK_VG_DEFINED(p, n) ((void)VALGRIND_MAKE_MEM_DEFINED((p), (n)))
 #define HAK_VG_LINK_OPEN(b) ((void)VALGRIND_MAKE_MEM_DEFINED((b), sizeof(uintptr_t)))
 #define HAK_VG_LINK_CLOSE(b) ((void)VALGRIND_MAKE_MEM_NOACCESS((b), sizeof(uintptr_t)))
 #else
@@ -495,6 +500,7 @@ size_t hak_usable(const void* p);
 #define HAK_VG_FREE(p) ((void)0)
 #define HAK_VG_RESIZED(p, q, old) ((void)0)
 #define HAK_VG_UNDEFINED(p, n) ((void)0)
+#define HAK_VG_DEFINED(p, n) ((void)0)
 #define HAK_VG_LINK_OPEN(b) ((void)0)
 #define HAK_VG_LINK_CLOSE(b) ((void)0)
 #endif
@@ -925,7 +931,9 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all);
 void hak_segments_usage(hak_usage_t* usage);
 
 /* page.c */
-hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size);
+/* (zero, if not NULL: set to whether the page's memory reads as zero, a
+ * large block's page made on units no one wrote since the system zeroed them.) */
+hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size, bool* zero);
 hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size);
 void hak_page_extend(hak_page_t* page);
 /* An empty page gives its units back, as free units backed since freed_ms

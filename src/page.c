@@ -92,14 +92,18 @@ static void page_format(hak_page_t* page, unsigned cls) {
   page->div_magic = hak_div_magic(page->block_size);
 }
 
-/* Purges the units of seg in mask, one madvise per run of them. */
-static void purge_unit_runs(hak_segment_t* seg, uint32_t mask) {
+/* Purges the units of seg in mask, one madvise per run of them; returns
+ * those that read as zero now. */
+static uint32_t purge_unit_runs(hak_segment_t* seg, uint32_t mask) {
+  uint32_t zeroed = 0;
   while (mask != 0) {
     unsigned lo = (unsigned)__builtin_ctz(mask);
     unsigned len = (unsigned)__builtin_ctzll(~(uint64_t)(mask >> lo)); /* <= 32 */
-    hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT);
+    if (hak_os_purge((uint8_t*)seg + ((size_t)lo << HAK_UNIT_SHIFT), (size_t)len << HAK_UNIT_SHIFT))
+      zeroed |= hak_unit_mask(lo, len);
     mask &= ~hak_unit_mask(lo, len);
   }
+  return zeroed;
 }
 
 /* A block larger than an OS page may span one that its first and last
@@ -119,7 +123,7 @@ static void purge_for_layout(hak_segment_t* seg, uint32_t mask, unsigned cls) {
   if (cls == HAK_CLASS_LARGE || hak_class_size[cls] <= HAK_OS_PAGE || HAK_POLICY(purge_delay_ms) < 0 ||
       HAK_POLICY(thp) == HAK_THP_ON)
     return;
-  purge_unit_runs(seg, mask);
+  (void)purge_unit_runs(seg, mask); /* (taken now: whether they read as zero does not matter) */
 }
 
 /* A page from the heap's empty pages: of the same class if there is one (it
@@ -147,6 +151,7 @@ static hak_page_t* page_from_empty(hak_heap_t* heap, unsigned cls, unsigned n) {
 /* Takes n free units of one of the heap's segments at idx. */
 static void heap_take_units(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_segment_take_units(seg, idx, n);
+  seg->zero_units &= ~hak_unit_mask(idx, n); /* the page writes them */
   uint32_t reused = seg->dirty_units & hak_unit_mask(idx, n);
   if (reused != hak_unit_mask(idx, n)) hak_learn_note_reuse(seg, hak_unit_mask(idx, n) & ~reused);
   seg->dirty_units &= ~reused;
@@ -217,8 +222,11 @@ static void heap_note_room(hak_heap_t* heap, const hak_segment_t* seg) {
 }
 
 /* A page of class cls (or one large block) on the n free units at idx of seg,
- * one of the heap's segments. */
-static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n, unsigned cls) {
+ * one of the heap's segments; *zero (if zero is not NULL): whether they all
+ * read as zero. */
+static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx, unsigned n, unsigned cls,
+                              bool* zero) {
+  if (zero != NULL) *zero = (seg->zero_units & hak_unit_mask(idx, n)) == hak_unit_mask(idx, n);
   purge_for_layout(seg, seg->dirty_units & hak_unit_mask(idx, n), cls);
   heap_take_units(heap, seg, idx, n);
   hak_page_t* page = &seg->pages[idx];
@@ -233,11 +241,12 @@ static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx
 /* A new page for class cls (or, with cls == HAK_CLASS_LARGE, one block of
  * large_size bytes): an empty page of the heap, else free units of its
  * segments, else an abandoned heap's segments, else a new segment. */
-hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
+hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size, bool* zero) {
   unsigned n = cls == HAK_CLASS_LARGE
                    ? (unsigned)((large_size + HAK_UNIT_SIZE - 1) >> HAK_UNIT_SHIFT)
                    : hak_class_units[cls];
   hak_heap_purge_if_due(heap, hak_now_ms());
+  if (zero != NULL) *zero = false;
   hak_page_t* page = page_from_empty(heap, cls, n);
   if (page != NULL) return page;
   int idx = -1;
@@ -265,7 +274,7 @@ hak_page_t* hak_page_new(hak_heap_t* heap, unsigned cls, size_t large_size) {
     }
     idx = 1;
   }
-  page = page_place(heap, seg, (unsigned)idx, n, cls);
+  page = page_place(heap, seg, (unsigned)idx, n, cls, zero);
   heap_note_room(heap, seg); /* (a new segment: what the page leaves) */
   return page;
 }
@@ -310,8 +319,8 @@ hak_page_t* hak_page_new_home(hak_heap_t* heap, size_t size) {
       best_at = at;
     }
   }
-  if (best == NULL || best_len < n) return hak_page_new(heap, HAK_CLASS_LARGE, size);
-  return page_place(heap, best, best_at, n, HAK_CLASS_LARGE);
+  if (best == NULL || best_len < n) return hak_page_new(heap, HAK_CLASS_LARGE, size, NULL);
+  return page_place(heap, best, best_at, n, HAK_CLASS_LARGE, NULL);
 }
 
 /* Of a heap no thread uses any more (its own thread has ended): the page's
@@ -498,7 +507,7 @@ static void heap_purge_units(hak_heap_t* heap, uint32_t now_ms, bool all, uint32
       }
     }
     seg->dirty_units &= ~old;
-    purge_unit_runs(seg, old);
+    seg->zero_units |= purge_unit_runs(seg, old);
     hak_committed_sub((size_t)hak_popcount(old) << HAK_UNIT_SHIFT);
   }
   heap->dirty_units = left;

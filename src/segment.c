@@ -124,6 +124,7 @@ static hak_segment_t* segment_from_os(void) {
     return NULL;
   if (!registry_add(seg)) return NULL;
   arena_next += HAK_SEG_SIZE;
+  seg->zero_units = HAK_SEG_ALL_FREE; /* as the system mapped it */
   return seg;
 }
 
@@ -167,6 +168,7 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
         seg->unit_purged_ms[u] = 0;
       }
       seg->dirty_units = HAK_SEG_ALL_FREE;
+      seg->zero_units = 0;
       hak_committed_add(HAK_SEG_HDR_SIZE + ((size_t)(HAK_UNITS - 1) << HAK_UNIT_SHIFT));
     } else {
       seg->dirty_units = 0; /* unit_purged_ms: zero from the OS, else stamped as it was cached */
@@ -198,12 +200,13 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
 static void cache_clean_push(hak_segment_t* seg, uint32_t now_ms, int32_t delay) {
   uint32_t dirty = seg->dirty_units;
   bool waited = delay > 0 && hak_purge_is_due(seg->unit_freed_ms[0], now_ms, delay);
-  hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
+  bool zeroed = hak_os_purge(seg, HAK_SEG_SIZE); /* the header too */
   hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)hak_popcount(dirty) << HAK_UNIT_SHIFT));
   for (unsigned u = 0; u < HAK_UNITS; u++)
     seg->unit_purged_ms[u] = waited && (dirty >> u & 1) ? now_ms | 1 : 0;
   if (waited && dirty != 0) hak_count(idle_purged_units, (size_t)hak_popcount(dirty));
   seg->dirty_units = 0;
+  seg->zero_units = zeroed ? HAK_SEG_ALL_FREE : 0;
   pthread_mutex_lock(&segment_lock);
   seg->next = cache_clean;
   cache_clean = seg;

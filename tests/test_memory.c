@@ -596,6 +596,79 @@ static void test_huge_calloc_after_madv_free(void) {
   free(keep);
 }
 
+/* Whether segments may be backed by transparent huge pages, which fault in
+ * 2 MiB at a touch: asked for (HAKMEM_THP=on), or the system's setting
+ * "always" (with "system"). */
+static bool huge_pages_possible(void) {
+  if (HAK_POLICY(thp) != HAK_THP_SYSTEM) return HAK_POLICY(thp) == HAK_THP_ON;
+  char line[128] = "";
+  FILE* f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (f == NULL) return false;
+  bool always = fgets(line, sizeof line, f) != NULL && strstr(line, "[always]") != NULL;
+  fclose(f);
+  return always;
+}
+
+/* calloc of a large block (above the classes, up to 1 MiB) clears nothing
+ * on units it knows read as zero: after malloc_trim(0) has given every free
+ * unit back with MADV_DONTNEED, 24 blocks of 600 KiB leave their pages
+ * unfaulted but the first (where no huge page backs them).  And it reads
+ * zero wherever the units were written: kept backed (no purge), purged with
+ * MADV_FREE (which may leave the old bytes) in the heap or in the segment
+ * cache, also after the mode changed back before the calloc. */
+static void test_large_calloc_zero(void) {
+  const size_t size = 600 * 1024, pages = size / HAK_OS_PAGE;
+  long mode = 0, delay = 0;
+  REQUIRE(hak_option_get("PURGE", &mode) == 0 && hak_option_get("PURGE_DELAY_MS", &delay) == 0);
+  if (mode == 0 && !huge_pages_possible()) {
+    enum { N = 24 };
+    char* p[N];
+    malloc_trim(0);
+    size_t resident = 0;
+    for (int i = 0; i < N; i++) {
+      p[i] = calloc(1, size);
+      REQUIRE(p[i] != NULL);
+      resident += resident_pages(p[i], size);
+    }
+    CHECK(resident <= 2 * N);
+    size_t nonzero = 0;
+    for (int i = 0; i < N; i++)
+      for (size_t k = 0; k < pages; k++) nonzero += p[i][k * HAK_OS_PAGE + 64 * (k % 64)] != 0;
+    CHECK(nonzero == 0);
+    for (int i = 0; i < N; i++) free(p[i]);
+  }
+  for (int round = 0; round < 8; round++) {
+    /* 0, 1: purged at once with MADV_FREE, calloc'd under each mode; 2, 3:
+     * with MADV_DONTNEED; 4, 5: never purged.  Of 6 blocks (two segments of
+     * three), the third of each segment stays, so that the segments stay
+     * with the heap and their free units are purged where they are.  6, 7:
+     * all freed, whole segments purged in the segment cache with MADV_FREE. */
+    bool anchors = round < 6;
+    REQUIRE(hak_option_set("PURGE", round < 2 || !anchors) == 0);
+    REQUIRE(hak_option_set("PURGE_DELAY_MS", round < 4 || !anchors ? 0 : -1) == 0);
+    char* q[6];
+    for (int i = 0; i < 6; i++) {
+      q[i] = malloc(size);
+      REQUIRE(q[i] != NULL);
+      memset(q[i], 0x5a, size);
+    }
+    for (int i = 0; i < 6; i++)
+      if (!anchors || i % 3 != 2) free(q[i]);
+    malloc_trim(0); /* (also the kept empty pages, under the mode of the round) */
+    REQUIRE(hak_option_set("PURGE", round % 2) == 0);
+    for (int i = 0; i < 6; i++) {
+      if (anchors && i % 3 == 2) continue;
+      q[i] = calloc(1, size);
+      REQUIRE(q[i] != NULL);
+      size_t nonzero = 0;
+      for (size_t k = 0; k < size; k++) nonzero += q[i][k] != 0;
+      CHECK(nonzero == 0);
+    }
+    for (int i = 0; i < 6; i++) free(q[i]);
+  }
+  REQUIRE(hak_option_set("PURGE", mode) == 0 && hak_option_set("PURGE_DELAY_MS", delay) == 0);
+}
+
 /* realloc of an arena block grows it in place over the free granules after
  * it; with a neighbour in the way it moves, contents intact (its old place
  * purged as it is copied, but for the header's granule); shrinking gives the
@@ -967,6 +1040,7 @@ int main(int argc, char** argv) {
   test_huge_purge();
   test_huge_realloc();
   test_huge_calloc_after_madv_free();
+  test_large_calloc_zero();
   test_huge_mappings();
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);
