@@ -23,16 +23,21 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
   }
   void* p = hak_alloc_inline(total);
   if (p == NULL) return NULL;
-  /* A large block made on units no one wrote since the system zeroed them
-   * (a new segment, or units purged with MADV_DONTNEED) reads as zero:
-   * clearing it would only fault in pages the program may never touch. */
-  hak_heap_t* heap = hak_tls_heap;
-  if (total > HAK_CLASS_MAX_SIZE && heap->zeroed_last == ~(uintptr_t)p) {
-    heap->zeroed_last = 0;
-    HAK_VG_DEFINED(p, total);
+  if (total <= HAK_CLASS_MAX_SIZE) {
+    memset(p, 0, total);
     return p;
   }
-  memset(p, 0, total);
+  /* A large block made on units no one wrote since the system zeroed them
+   * (a new segment, or units purged with MADV_DONTNEED) reads as zero:
+   * clearing it would only fault in pages the program may never touch.  On
+   * others, the pages mostly not resident are given back rather than
+   * cleared (hak_os_zero). */
+  hak_heap_t* heap = hak_tls_heap;
+  if (heap->zeroed_last == ~(uintptr_t)p)
+    heap->zeroed_last = 0;
+  else
+    hak_os_zero(p, total);
+  HAK_VG_DEFINED(p, total);
   return p;
 }
 

@@ -775,17 +775,21 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
     /* Granules never used, or purged with MADV_DONTNEED, read as zero; those
      * still backed, or purged with MADV_FREE (the purge mode is an option a
      * program may change), may not. */
-    uint8_t* block = base + off;
-    for (unsigned i = 0; i < n; i++) {
-      if (!((dirty | unzeroed) >> i & 1)) continue;
-      uint8_t* lo = base + (size_t)i * ARENA_GRANULE;
-      uint8_t* hi = lo + ARENA_GRANULE;
+    uint8_t *block = base + off, *lo = NULL, *hi = NULL; /* the run of such granules pending */
+    for (unsigned i = 0; i <= n; i++) {
+      if (i < n && ((dirty | unzeroed) >> i & 1)) {
+        if (lo == NULL) lo = base + (size_t)i * ARENA_GRANULE;
+        hi = base + (size_t)(i + 1) * ARENA_GRANULE;
+        continue;
+      }
+      if (lo == NULL) continue;
       if (lo < block) lo = block;
       if (hi > block + size) hi = block + size;
       if (lo < hi) {
         HAK_VG_UNDEFINED(lo, (size_t)(hi - lo));
-        memset(lo, 0, (size_t)(hi - lo));
+        hak_os_zero(lo, (size_t)(hi - lo));
       }
+      lo = NULL;
     }
   }
   huge_map(seg, true);
@@ -990,7 +994,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
       seg->huge_off = (uint32_t)off;
       if (zero) {
         HAK_VG_UNDEFINED((uint8_t*)seg + off, size); /* freed: inaccessible to memcheck */
-        memset((uint8_t*)seg + off, 0, size);
+        hak_os_zero((uint8_t*)seg + off, size);
       }
       huge_map(seg, true);
       return (uint8_t*)seg + off;

@@ -896,6 +896,7 @@ void* hak_os_map(size_t size);
 void* hak_os_map_aligned(size_t size, size_t align, size_t skew);
 void hak_os_unmap(void* p, size_t size);
 bool hak_os_purge(void* p, size_t size); /* true: the range reads as zero now */
+void hak_os_zero(void* p, size_t size);   /* cleared, or its pages given back where few are resident */
 void hak_os_thp(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 bool hak_os_guard(void* p, size_t size);
