@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "internal.h"
 
@@ -337,7 +336,7 @@ static void arena_purge_over_budget(void) { arena_purge_over(arena_budget()); }
 static bool arena_grow(unsigned* slot) {
   unsigned c = 0;
   while (c < arena_slots && hak_arena[c].base != NULL) c++;
-  if (c == ARENA_CHUNKS_MAX) return false;
+  if (c == ARENA_CHUNKS_MAX || hak_os_space_limited()) return false;
   uint8_t* base = hak_os_map_aligned(ARENA_CHUNK, ARENA_GRANULE, 0);
   if (base == NULL) return false;
   hak_os_thp(base, ARENA_CHUNK);
@@ -406,17 +405,33 @@ static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* sta
  * its pages (the destination's own go with its mapping), and so does the
  * record of them, for the block's arena_guard_run to lift or keep; guards
  * made with mprotect split the mapping, which mremap cannot move across. */
-static uint64_t arena_fill(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t backed) {
+static uint64_t arena_fill(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t backed, unsigned* lost) {
   if (HAK_SECURE && !hak_os_guard_marks()) return backed;
   size_t budget = arena_budget();
+  bool limited = false, looked = false;
   for (unsigned i = 0; i < n && arena_dirty > budget; i++) {
     if (backed >> i & 1) continue;
+    /* Not under a limit of address space, where the kernel unmaps the
+     * destination before it refuses the move (and mapping it again fails). */
+    if (!looked) {
+      limited = hak_os_space_limited();
+      looked = true;
+    }
     unsigned at, end;
-    arena_chunk_t* from = arena_oldest_dirty(&at, &end);
-    if (from == NULL ||
-        !hak_os_move_pages(from->base + (size_t)(end - 1) * ARENA_GRANULE, ch->base + (size_t)(g + i) * ARENA_GRANULE,
-                           ARENA_GRANULE))
+    arena_chunk_t* from = limited ? NULL : arena_oldest_dirty(&at, &end);
+    int moved = from == NULL ? 0
+                             : hak_os_move_pages(from->base + (size_t)(end - 1) * ARENA_GRANULE,
+                                                 ch->base + (size_t)(g + i) * ARENA_GRANULE, ARENA_GRANULE);
+    if (moved != 1) {
+      if (moved < 0) *lost = i + 1;
+#if HAK_SECURE
+      if (from != NULL) { /* mapped again: its guard markers went with the old mapping */
+        ch->guard_head[g + i] = 0;
+        ch->guard_tail[g + i] = 0;
+      }
+#endif
       break;
+    }
     bits_put(from->dirty, end - 1, 1, false);
     arena_dirty_sub(ARENA_GRANULE);
     backed |= (uint64_t)1 << i;
@@ -560,8 +575,7 @@ hak_segment_t* hak_huge_take_granule(void) {
   if (HAK_SECURE && !hak_os_guard_marks()) return NULL; /* an mprotect guard splits the chunk's mapping */
   /* A taken granule keeps its chunk mapped for good: not under a limit of
    * address space, where malloc_trim and a refused mapping unmap chunks. */
-  struct rlimit as;
-  if (getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur != RLIM_INFINITY) return NULL;
+  if (hak_os_space_limited()) return NULL;
   hak_segment_t* seg = NULL;
   pthread_mutex_lock(&huge_lock);
   unsigned at, end;
@@ -746,7 +760,17 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   uint64_t unzeroed;
   uint64_t dirty = arena_take(ch, g, n, &unzeroed);
   int32_t delay = HAK_POLICY(purge_delay_ms);
-  if (delay > 0 && !zero) dirty = arena_fill(ch, g, n, dirty | unzeroed);
+  unsigned lost = 0;
+  if (delay > 0 && !zero) dirty = arena_fill(ch, g, n, dirty | unzeroed, &lost);
+  if (lost != 0) {
+    /* A granule of the run is no longer mapped (arena_fill): it stays taken
+     * for good, out of use; the others go back, and the block is made
+     * elsewhere or refused. */
+    if (lost > 1) arena_give(ch, g, lost - 1);
+    if (lost < n) arena_give(ch, g + lost, n - lost);
+    pthread_mutex_unlock(&huge_lock);
+    return NULL;
+  }
   if (delay > 0) {
     arena_purge_over_budget();
     uint32_t now = hak_now_ms();

@@ -892,6 +892,7 @@ HAK_INLINE void hak_free_inline(void* p) { hak_free_block(p, true); }
 void hak_classes_init(void);
 
 /* os.c: every system call that maps or unmaps memory. */
+bool hak_os_space_limited(void); /* a limit of address space (RLIMIT_AS) */
 void* hak_os_map(size_t size);
 void* hak_os_map_aligned(size_t size, size_t align, size_t skew);
 void hak_os_unmap(void* p, size_t size);
@@ -900,7 +901,7 @@ void hak_os_zero(void* p, size_t size);   /* cleared, or its pages given back wh
 void hak_os_thp(void* p, size_t size);
 void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed);
 bool hak_os_guard(void* p, size_t size);
-bool hak_os_move_pages(void* from, void* to, size_t size);
+int hak_os_move_pages(void* from, void* to, size_t size); /* 1 moved, 0 not, -1 to unmapped */
 bool hak_os_unguard(void* p, size_t size);
 bool hak_os_guard_marks(void);
 bool hak_os_guard_mark(void* p, size_t size);

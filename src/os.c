@@ -3,9 +3,21 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "internal.h"
+
+/* Whether the process has a limit of address space (RLIMIT_AS, `ulimit -v`;
+ * a program may lower it as it runs): there, what is reserved ahead of need
+ * (the huge-block arena's 256 MiB chunks, segments 64 MiB at a time) counts
+ * against it as if in use, and a refused move of pages may unmap its
+ * destination (hak_os_move_pages).  Asked where such a reservation or move
+ * would be made: rarely. */
+bool hak_os_space_limited(void) {
+  struct rlimit as;
+  return getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur != RLIM_INFINITY;
+}
 
 void* hak_os_map(size_t size) {
   void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -187,19 +199,28 @@ void* hak_os_remap(void* old, size_t old_size, size_t new_size, void* fixed) {
 
 /* Moves the pages of [from, from + size) onto to, whose own pages they
  * replace, and leaves from mapped and empty (reading as zero): the kernel
- * moves page-table entries; nothing is copied or faulted in.  False if it
- * cannot (a kernel without MREMAP_DONTUNMAP for this memory, remembered; or
- * the process's limit of mappings: the destination becomes a mapping of its
- * own). */
-bool hak_os_move_pages(void* from, void* to, size_t size) {
+ * moves page-table entries; nothing is copied or faulted in.  Returns 1 if
+ * moved.  Else (a kernel without MREMAP_DONTUNMAP for this memory,
+ * remembered; the process's limit of mappings, of address space, of
+ * committed memory) the kernel may have unmapped the destination before it
+ * refused, so it is mapped again, fresh (the caller moves pages only onto
+ * memory that holds none): 0, or -1 if that failed too and the destination
+ * is no longer mapped. */
+int hak_os_move_pages(void* from, void* to, size_t size) {
   static _Atomic bool unsupported;
-  if (atomic_load_explicit(&unsupported, memory_order_relaxed)) return false;
+  if (atomic_load_explicit(&unsupported, memory_order_relaxed)) return 0;
   int saved = errno;
   void* p = mremap(from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
-  if (p == MAP_FAILED && errno == EINVAL) atomic_store_explicit(&unsupported, true, memory_order_relaxed);
-  errno = saved;
   hak_count(mremap_calls, 1);
-  return p != MAP_FAILED;
+  if (p != MAP_FAILED) {
+    errno = saved;
+    return 1;
+  }
+  if (errno == EINVAL) atomic_store_explicit(&unsupported, true, memory_order_relaxed);
+  p = mmap(to, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  hak_count(mmap_calls, 1);
+  errno = saved;
+  return p == to ? 0 : -1;
 }
 
 /* A coarse monotonic clock in milliseconds (vDSO: no system call); it wraps

@@ -105,7 +105,9 @@ void hak_segments_unlock(void) { pthread_mutex_unlock(&segment_lock); }
 
 static hak_segment_t* segment_from_os(void) {
   if (arena_next == arena_end) {
-    uint8_t* chunk = hak_os_map_aligned(HAK_ARENA_CHUNK, HAK_SEG_SIZE, 0);
+    /* Under a limit of address space, one at a time (what is reserved
+     * counts against it). */
+    uint8_t* chunk = hak_os_space_limited() ? NULL : hak_os_map_aligned(HAK_ARENA_CHUNK, HAK_SEG_SIZE, 0);
     size_t size = HAK_ARENA_CHUNK;
     if (chunk == NULL) { /* address space is tight (ulimit -v): one at a time */
       size = HAK_SEG_SIZE;

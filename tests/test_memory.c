@@ -16,6 +16,7 @@
  * src/internal.h are reachable).  ctest runs it with several
  * HAKMEM_PURGE_DELAY_MS values; it reads the one in effect from the policy. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -968,6 +969,46 @@ static void run_self(const char* env1, const char* env2, char* out, size_t cap) 
   CHECK(hak_run_self("--print-policy", env, out, cap) == 0);
 }
 
+/* In a process of its own (--fill-under-limit): an address-space limit
+ * lowered below the process's size while it runs, then a huge block that the
+ * arena would serve by moving an old granule's pages into its own (a kernel
+ * refusing such a move under the limit had unmapped the destination first,
+ * and the block was handed out with a hole: a review found it).  The block
+ * must be whole, or refused with ENOMEM; the live one next to it intact. */
+static int fill_under_limit(void) {
+  char *a = malloc(3 * MIB), *x = malloc(3 * MIB), *c = malloc(3 * MIB);
+  if (a == NULL || x == NULL || c == NULL) return 2;
+  memset(a, 1, 3 * MIB);
+  memset(x, 2, 3 * MIB);
+  memset(c, 3, 3 * MIB);
+  free(a);
+  free(c); /* dirty granules beyond what the arena keeps */
+  long kib = 0;
+  char line[256];
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == NULL) return 2;
+  while (fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "VmSize: %ld kB", &kib) == 1) break;
+  fclose(f);
+  struct rlimit as = {(rlim_t)(kib - 16 * 1024) * 1024, RLIM_INFINITY};
+  if (kib <= 16 * 1024 || setrlimit(RLIMIT_AS, &as) != 0) return 2;
+  errno = 0;
+  char* b = malloc(5 * MIB);
+  if (b == NULL && errno != ENOMEM) return 3;
+  if (b != NULL) memset(b, 4, 5 * MIB);
+  for (size_t i = 0; i < 3 * MIB; i += 512)
+    if (x[i] != 2) return 4;
+  free(b);
+  free(x);
+  return 0;
+}
+
+static void test_fill_under_limit(void) {
+  char out[256];
+  const char* env[] = {"HAKMEM_PURGE_DELAY_MS=100", "HAKMEM_PURGE=dontneed", NULL};
+  CHECK(hak_run_self("--fill-under-limit", env, out, sizeof out) == 0);
+}
+
 static void test_option_warnings(void) {
   char out[4096];
   run_self("HAKMEM_NO_SUCH_OPTION=1", "HAKMEM_PURGE_DELAY_MS=soon", out, sizeof out);
@@ -1048,6 +1089,7 @@ int main(int argc, char** argv) {
            HAK_POLICY(thp));
     return 0;
   }
+  if (argc > 1 && strcmp(argv[1], "--fill-under-limit") == 0) return fill_under_limit();
   if (argc > 1 && strcmp(argv[1], "--growth") == 0) {
     test_huge_dirty_growth();
     return hak_test_result("test_memory --growth");
@@ -1067,6 +1109,7 @@ int main(int argc, char** argv) {
   test_huge_realloc();
   test_huge_calloc_after_madv_free();
   test_large_calloc_zero();
+  test_fill_under_limit();
   test_huge_mappings();
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);

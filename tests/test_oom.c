@@ -6,7 +6,9 @@
  * over; the blocks kept must keep their contents; calloc and realloc fail
  * cleanly too (realloc leaving the block as it was); and once everything is
  * freed, a block as big as the most held at once fits again (nothing leaked
- * inside the allocator).  Linked with hakmem. */
+ * inside the allocator).  And nothing is reserved ahead of need under the
+ * limit: beside a huge block, most of the room comes in small blocks.
+ * Linked with hakmem. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -118,13 +120,50 @@ static int child(void) {
   return hak_test_result("test_oom (child)");
 }
 
-int main(void) {
-  HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
+/* With 320 MiB of room: a huge block, then 4 KiB blocks until malloc
+ * fails.  Nothing is reserved ahead of need under the limit (the huge-block
+ * arena's 256 MiB chunk left 49 MiB for the rest: a review found it), so
+ * most of the room is there for the blocks. */
+static int child_reserve(void) {
+  struct rlimit lim;
+  REQUIRE(getrlimit(RLIMIT_AS, &lim) == 0);
+  size_t room = (size_t)320 << 20;
+  lim.rlim_cur = mapped_bytes() + room;
+  REQUIRE(setrlimit(RLIMIT_AS, &lim) == 0);
+  unsigned char* huge = malloc((size_t)3 << 20);
+  REQUIRE(huge != NULL);
+  memset(huge, 7, (size_t)3 << 20);
+  size_t got = 0;
+  void** list = NULL;
+  for (;;) {
+    errno = 0;
+    void** p = malloc(4096);
+    if (p == NULL) {
+      CHECK(errno == ENOMEM);
+      break;
+    }
+    *p = list; /* (a list through the blocks: no array to grow) */
+    list = p;
+    got += 4096;
+  }
+  printf("a huge block, then %zu MiB of 4 KiB blocks in %zu MiB of room\n", got >> 20, room >> 20);
+  CHECK(got >= room / 2);
+  while (list != NULL) {
+    void** next = *list;
+    free(list);
+    list = next;
+  }
+  for (size_t i = 0; i < ((size_t)3 << 20); i += 4096) CHECK(huge[i] == 7);
+  free(huge);
+  return hak_test_result("test_oom (reserve)");
+}
+
+static void in_child(int (*fn)(void)) {
   fflush(stdout);
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    int rc = child();
+    int rc = fn();
     fflush(stdout);
     _exit(rc);
   }
@@ -132,5 +171,11 @@ int main(void) {
   REQUIRE(waitpid(pid, &status, 0) == pid);
   if (WIFSIGNALED(status)) fprintf(stderr, "the child died of signal %d\n", WTERMSIG(status));
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int main(void) {
+  HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
+  in_child(child_reserve);
+  in_child(child);
   return hak_test_result("test_oom");
 }
