@@ -33,7 +33,9 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
    * others, the pages mostly not resident are given back rather than
    * cleared (hak_os_zero). */
   hak_heap_t* heap = hak_tls_heap;
-  if (heap->zeroed_last == ~(uintptr_t)p)
+  /* (A block of a normal segment: a huge one, which the secure build's
+   * canary may make of a large size, never went by heap_alloc_large.) */
+  if (heap->zeroed_last == ~(uintptr_t)p && hak_segmap_get(p) == HAK_MAP_SEGMENT)
     heap->zeroed_last = 0;
   else
     hak_os_zero(p, total);
