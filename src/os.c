@@ -52,20 +52,21 @@ void* hak_os_map_aligned(size_t size, size_t align, size_t skew) {
 }
 
 /* Gives the physical pages back; the range stays mapped.  After
- * MADV_DONTNEED it reads as zero at once; after MADV_FREE (HAKMEM_PURGE=free)
- * the kernel takes the pages only when it needs memory, and until then they
- * may keep their contents. */
+ * MADV_DONTNEED it reads as zero at once (true); after MADV_FREE
+ * (HAKMEM_PURGE=free) the kernel takes the pages only when it needs memory,
+ * and until then they may keep their contents. */
 bool hak_os_purge(void* p, size_t size) {
   if (size == 0) return true;
   int saved = errno;
-  bool zeroed = true;
+  bool zeroed = false, purged;
   if (HAK_POLICY(purge_mode) == HAK_PURGE_FREE && madvise(p, size, MADV_FREE) == 0)
-    zeroed = false; /* the kernel may leave the pages as they were */
-  else
-    madvise(p, size, MADV_DONTNEED); /* also where the kernel lacks MADV_FREE */
+    purged = true; /* the kernel may leave the pages as they were */
+  else /* also where the kernel lacks MADV_FREE.  Both are refused on locked
+          memory (mlock, mlockall), whose bytes stay as they were. */
+    purged = zeroed = madvise(p, size, MADV_DONTNEED) == 0;
   errno = saved;
   hak_count(madvise_calls, 1);
-  hak_count(purged_bytes, size);
+  if (purged) hak_count(purged_bytes, size);
   return zeroed;
 }
 
@@ -220,7 +221,9 @@ int hak_os_move_pages(void* from, void* to, size_t size) {
   p = mmap(to, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   hak_count(mmap_calls, 1);
   errno = saved;
-  return p == to ? 0 : -1;
+  if (p != to) return -1;
+  hak_os_thp(to, size); /* (a mapping of its own now) */
+  return 0;
 }
 
 /* A coarse monotonic clock in milliseconds (vDSO: no system call); it wraps

@@ -1003,6 +1003,63 @@ static int fill_under_limit(void) {
   return 0;
 }
 
+/* In a process of its own (--zero-fresh), where the first blocks take a
+ * fresh segment's units: (1) a large block grown in place by realloc over
+ * free units known to read as zero (hak_page_grow), written, freed, and a
+ * calloc on those units reads zero (the mark must go when realloc takes
+ * them); (2) locked memory (mlock) that the kernel refuses to purge keeps
+ * its bytes, and calloc of large and huge blocks on it reads zero all the
+ * same (a review found purges of locked memory taken for zeroed).  The
+ * memory stays locked, hence the process of its own. */
+static int zero_fresh(void) {
+  void* a = malloc(200 * 1024);
+  char* p = malloc(200 * 1024);
+  char* q = realloc(p, 900 * 1024);
+  void* b = malloc(700 * 1024);
+  if (a == NULL || q == NULL || b == NULL) return 2;
+  memset(q, 0x5a, 900 * 1024);
+  __asm__ volatile("" : : "r"(q) : "memory"); /* (the writes before the free stay) */
+  free(q);
+  void* x = malloc(200 * 1024);
+  unsigned char* c = calloc(1, 700 * 1024);
+  if (x == NULL || c == NULL) return 2;
+  for (size_t i = 0; i < 700 * 1024; i++)
+    if (c[i] != 0) return 3;
+  free(a);
+  free(b);
+  free(x);
+  free(c);
+  static const size_t sizes[] = {512 * 1024, 4 * MIB};
+  for (int round = 0; round < 4; round++) {
+    size_t size = sizes[round % 2];
+    char* blocks[8];
+    for (int i = 0; i < 8; i++) {
+      if ((blocks[i] = malloc(size)) == NULL) return 2;
+      if (mlock(blocks[i], size) != 0) return 0; /* (not allowed here: nothing to test) */
+      memset(blocks[i], 0xab, size);
+      __asm__ volatile("" : : "r"(blocks[i]) : "memory");
+    }
+    for (int i = 0; i < 8; i++) free(blocks[i]); /* still locked */
+    malloc_trim(0);
+    for (int i = 0; i < 8; i++) {
+      unsigned char* z = calloc(1, size);
+      if (z == NULL) return 2;
+      for (size_t k = 0; k < size; k++)
+        if (z[k] != 0) return 4;
+      free(z);
+    }
+  }
+  return 0;
+}
+
+static void test_zero_fresh(void) {
+  char out[256];
+  const char* env[] = {"HAKMEM_PURGE=dontneed", NULL};
+  int rc = hak_run_self("--zero-fresh", env, out, sizeof out);
+  if (rc != 0) fprintf(stderr, "--zero-fresh: exit %d\n", rc);
+  CHECK(rc == 0);
+}
+
 static void test_fill_under_limit(void) {
   char out[256];
   const char* env[] = {"HAKMEM_PURGE_DELAY_MS=100", "HAKMEM_PURGE=dontneed", NULL};
@@ -1090,6 +1147,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "--fill-under-limit") == 0) return fill_under_limit();
+  if (argc > 1 && strcmp(argv[1], "--zero-fresh") == 0) return zero_fresh();
   if (argc > 1 && strcmp(argv[1], "--growth") == 0) {
     test_huge_dirty_growth();
     return hak_test_result("test_memory --growth");
@@ -1110,6 +1168,7 @@ int main(int argc, char** argv) {
   test_huge_calloc_after_madv_free();
   test_large_calloc_zero();
   test_fill_under_limit();
+  test_zero_fresh();
   test_huge_mappings();
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);
