@@ -80,11 +80,14 @@ int main(int argc, char **argv)
                 fprintf(stderr, "calloc_big: calloc(1, %llu) failed\n", (unsigned long long)size);
                 return 1;
             }
-            /* (8 pages of the block checked, not all: a page read before it
-             * is written maps the system's zero page, and the write then
-             * faults it again; a program that uses a block whole writes it
+            /* (8 pages of the block checked, not all; with --touch all a byte
+             * of each is written first: a page read before it is written
+             * maps the system's zero page, and the write then faults it
+             * again, where a program that uses a block whole writes it
              * first.) */
-            for (uint64_t at = size / 16; at < size; at += size / 8 + 1) {
+            for (uint64_t at = size / 16; at + 1 < size; at += size / 8 + 1) {
+                if (touch_all)
+                    blocks[k][at + 1] = 1;
                 if (blocks[k][at] != 0) {
                     fprintf(stderr, "calloc_big: byte %llu of a block is not zero\n", (unsigned long long)at);
                     return 1;

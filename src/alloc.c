@@ -9,6 +9,8 @@ HAK_API void* hak_malloc(size_t size) { return hak_alloc_inline(size); }
 
 HAK_API void hak_free(void* p) { hak_free_inline(p); }
 
+#define HAK_ZERO_RESIDENT_MIN ((size_t)512 << 10)
+
 HAK_API void* hak_calloc(size_t count, size_t size) {
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) {
@@ -30,15 +32,19 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
   /* A large block made on units no one wrote since the system zeroed them
    * (a new segment, or units purged with MADV_DONTNEED) reads as zero:
    * clearing it would only fault in pages the program may never touch.  On
-   * others, the pages mostly not resident are given back rather than
-   * cleared (hak_os_zero). */
+   * others of 512 KiB or more, the pages mostly not resident are given back
+   * rather than cleared (hak_os_zero); below, the look at what is resident
+   * costs too much of the memset (blocks of 200 KiB used whole: 13% more
+   * time a calloc, of 512 KiB 4%). */
   hak_heap_t* heap = hak_tls_heap;
   /* (A block of a normal segment: a huge one, which the secure build's
    * canary may make of a large size, never went by heap_alloc_large.) */
   if (heap->zeroed_last == ~(uintptr_t)p && hak_segmap_get(p) == HAK_MAP_SEGMENT)
     heap->zeroed_last = 0;
-  else
+  else if (total >= HAK_ZERO_RESIDENT_MIN)
     hak_os_zero(p, total);
+  else
+    memset(p, 0, total);
   HAK_VG_DEFINED(p, total);
   return p;
 }
