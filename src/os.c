@@ -73,8 +73,8 @@ bool hak_os_purge(void* p, size_t size) {
 /* Makes [p, p + size) read as zero, for calloc of a large or huge block on
  * memory written before.  A memset faults in every page, also those the program
  * leaves untouched; giving the pages back (MADV_DONTNEED, whatever the purge
- * mode) makes the program fault in again those it does touch, 4-5x the cost
- * of the memset where it touches them all.  So each 2 MiB of it is cleared
+ * mode) makes the program fault in again those it does touch, 5-6x the cost
+ * of the memset where it touches them all (blocks of 4 MiB).  So each 2 MiB of it is cleared
  * where most of its pages are resident, and given back where most are not
  * (a page only read counts as resident: the system's zero page is mapped
  * there); the parts of pages at the ends are cleared. */
