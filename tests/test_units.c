@@ -618,6 +618,34 @@ static void test_sweep_once(void) {
   hak_free(long_large);
 }
 
+/* Pushes long_blocks[*pushed .. *pushed + len) onto long_heap's list as one
+ * chain (the first of them last in it), and advances *pushed. */
+static void push_long_chain(size_t* pushed, size_t len) {
+  hak_block_t *first = NULL, *last = NULL;
+  for (size_t j = 0; j < len; j++) {
+    hak_block_t* b = long_blocks[(*pushed)++];
+    if (first == NULL) last = b;
+    hak_block_set_next(b, first);
+    first = b;
+  }
+  hak_remote_push_chain(long_heap, first, last);
+}
+
+/* The owner ends (its list given back and collected): nothing is left on
+ * the list or held, and no page of the first count blocks, nor long_large's,
+ * has a block out. */
+static void long_finish(pthread_t owner, int count) {
+  hak_free(long_large);
+  hak_remote_flush(hak_tls_heap);
+  long_end(owner);
+  CHECK(long_heap->sweep == NULL);
+  CHECK(remote_length(long_heap) == 0);
+  size_t in_use = 0;
+  for (int i = 0; i < count; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
+  in_use += hak_page_of(hak_segment_of(long_large), long_large)->used != 0;
+  CHECK(in_use == 0);
+}
+
 /* The heap's thread ends while the sweeper holds its list: the list is given
  * back first, and the heap collects it as it ends (its pages all empty). */
 static void test_sweep_abandoned(void) {
@@ -634,15 +662,7 @@ static void test_sweep_abandoned(void) {
   CHECK(long_heap->sweep != NULL);
   CHECK(remote_length(long_heap) == 0); /* taken, part of it read */
   for (int i = LONG_BLOCKS / 2; i < LONG_BLOCKS; i++) hak_free(long_blocks[i]); /* (on the list again) */
-  hak_free(long_large);
-  hak_remote_flush(hak_tls_heap);
-  long_end(owner);
-  CHECK(long_heap->sweep == NULL);
-  CHECK(remote_length(long_heap) == 0);
-  size_t in_use = 0;
-  for (int i = 0; i < LONG_BLOCKS; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
-  in_use += hak_page_of(hak_segment_of(long_large), long_large)->used != 0;
-  CHECK(in_use == 0);
+  long_finish(owner, LONG_BLOCKS);
 }
 
 /* The sweeper reads a stack of chains side by side, as the owner collects
@@ -672,14 +692,7 @@ static void test_sweep_stack(void) {
   while (pushed < COUNT) {
     size_t len = COUNT - pushed == 3 ? 3 : COUNT - pushed <= 400 ? 1 : 1 + (chains * 7) % 40;
     if (COUNT - pushed > 3 && len > COUNT - pushed - 3) len = COUNT - pushed - 3; /* (the top chain: 3) */
-    hak_block_t *first = NULL, *last = NULL;
-    for (size_t j = 0; j < len && pushed < COUNT; j++) {
-      hak_block_t* b = long_blocks[pushed++];
-      if (first == NULL) last = b;
-      hak_block_set_next(b, first);
-      first = b;
-    }
-    hak_remote_push_chain(long_heap, first, last);
+    push_long_chain(&pushed, len);
     chains++;
   }
   size_t listed = remote_length(long_heap), total = listed;
@@ -718,14 +731,7 @@ static void test_sweep_stack(void) {
   CHECK(remote_length(long_heap) == 0);
   CHECK(atomic_load(&hak_counters.reclaimed_pages) - reclaimed == nfull);
   for (size_t k = 0; k < nfull; k++) CHECK(full[k]->used == 0);
-  hak_free(long_large);
-  hak_remote_flush(hak_tls_heap);
-  long_end(owner); /* (it ends: its list given back and collected) */
-  CHECK(long_heap->sweep == NULL);
-  CHECK(remote_length(long_heap) == 0);
-  size_t in_use = 0;
-  for (int i = 0; i < COUNT; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
-  CHECK(in_use == 0);
+  long_finish(owner, COUNT);
 }
 
 /* A look that reads a plain list (what a give-back left) and then a stack
@@ -740,16 +746,7 @@ static void test_sweep_budget_mixed(void) {
   long_start(&owner, &count);
   size_t before = remote_length(long_heap), pushed = 0;
   for (int half = 0; half < 2; half++) {
-    while (pushed < (size_t)(half + 1) * COUNT / 2) {
-      hak_block_t *first = NULL, *last = NULL;
-      for (int j = 0; j < CHAIN; j++) {
-        hak_block_t* b = long_blocks[pushed++];
-        if (first == NULL) last = b;
-        hak_block_set_next(b, first);
-        first = b;
-      }
-      hak_remote_push_chain(long_heap, first, last);
-    }
+    while (pushed < (size_t)(half + 1) * COUNT / 2) push_long_chain(&pushed, CHAIN);
     if (half == 0) {
       CHECK(hak_remote_sweep(long_heap, 10) == 10);
       hak_remote_sweep_end(long_heap); /* remote_back: a plain list; remote: one block */
@@ -763,14 +760,7 @@ static void test_sweep_budget_mixed(void) {
   while ((n = hak_remote_sweep(long_heap, 97)) != 0) read += n;
   CHECK(read == total);
   CHECK(long_accounted(long_heap) == total);
-  hak_free(long_large);
-  hak_remote_flush(hak_tls_heap);
-  long_end(owner);
-  CHECK(long_heap->sweep == NULL);
-  CHECK(remote_length(long_heap) == 0);
-  size_t in_use = 0;
-  for (int i = 0; i < COUNT; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
-  CHECK(in_use == 0);
+  long_finish(owner, COUNT);
 }
 
 /* Given back while part of it is unread, the list waits apart, and its
