@@ -25,10 +25,6 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
   }
   void* p = hak_alloc_inline(total);
   if (p == NULL) return NULL;
-  if (total <= HAK_CLASS_MAX_SIZE) {
-    memset(p, 0, total);
-    return p;
-  }
   /* A large block made on units no one wrote since the system zeroed them
    * (a new segment, or units purged with MADV_DONTNEED) reads as zero:
    * clearing it would only fault in pages the program may never touch.  On
@@ -39,7 +35,7 @@ HAK_API void* hak_calloc(size_t count, size_t size) {
   hak_heap_t* heap = hak_tls_heap;
   /* (A block of a normal segment: a huge one, which the secure build's
    * canary may make of a large size, never went by heap_alloc_large.) */
-  if (heap->zeroed_last == ~(uintptr_t)p && hak_segmap_get(p) == HAK_MAP_SEGMENT)
+  if (total > HAK_CLASS_MAX_SIZE && heap->zeroed_last == ~(uintptr_t)p && hak_segmap_get(p) == HAK_MAP_SEGMENT)
     heap->zeroed_last = 0;
   else if (total >= HAK_ZERO_RESIDENT_MIN)
     hak_os_zero(p, total);

@@ -408,17 +408,13 @@ static bool arena_find(unsigned n, unsigned head, unsigned* chunk, unsigned* sta
 static uint64_t arena_fill(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t backed, unsigned* lost) {
   if (HAK_SECURE && !hak_os_guard_marks()) return backed;
   size_t budget = arena_budget();
-  bool limited = false, looked = false;
+  /* Not under a limit of address space, where the kernel unmaps the
+   * destination before it refuses the move (and mapping it again fails). */
+  if (arena_dirty > budget && hak_os_space_limited()) return backed;
   for (unsigned i = 0; i < n && arena_dirty > budget; i++) {
     if (backed >> i & 1) continue;
-    /* Not under a limit of address space, where the kernel unmaps the
-     * destination before it refuses the move (and mapping it again fails). */
-    if (!looked) {
-      limited = hak_os_space_limited();
-      looked = true;
-    }
     unsigned at, end;
-    arena_chunk_t* from = limited ? NULL : arena_oldest_dirty(&at, &end);
+    arena_chunk_t* from = arena_oldest_dirty(&at, &end);
     int moved = from == NULL ? 0
                              : hak_os_move_pages(from->base + (size_t)(end - 1) * ARENA_GRANULE,
                                                  ch->base + (size_t)(g + i) * ARENA_GRANULE, ARENA_GRANULE);
