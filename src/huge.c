@@ -509,21 +509,29 @@ static void arena_guards_trim(arena_chunk_t* ch, unsigned g) {
   if (arena_guards_inside(ch, a, b) > HAK_ARENA_GUARDS_KEPT) arena_guards_lift_inside(ch, a, b);
 }
 
-/* Gives n granules from g back, the first `backed` of them dirty (the rest
- * were purged), stamped now; purges them at once with a delay of 0, and
- * beyond the budget the oldest. */
-static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, unsigned backed) {
+/* Gives n granules from g back, those of the mask `backed` dirty (bit i:
+ * granule g + i has pages; the others were purged or never backed), stamped
+ * now; purges them at once with a delay of 0, and beyond the budget the
+ * oldest. */
+static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t backed) {
   uint32_t now = hak_now_ms();
+  if (n < 64) backed &= ((uint64_t)1 << n) - 1;
   bits_put(ch->free, g, n, true);
-  bits_put(ch->dirty, g, backed, true);
-  for (unsigned i = 0; i < n; i++) ch->freed_ms[g + i] = now;
+  for (unsigned i = 0; i < n; i++) {
+    ch->freed_ms[g + i] = now;
+    if (backed >> i & 1) bits_put(ch->dirty, g + i, 1, true);
+  }
   ch->free_count += n;
   arena_used -= (size_t)n * ARENA_GRANULE;
   arena_guards_trim(ch, g);
-  arena_dirty_add((size_t)backed * ARENA_GRANULE);
+  arena_dirty_add((size_t)hak_popcount(backed) * ARENA_GRANULE);
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if (delay == 0) {
-    arena_purge_run(ch, g, backed);
+    for (unsigned i = 0, end; i < n; i = end + 1) { /* each run of backed granules, one madvise */
+      for (end = i; end < n && (backed >> end & 1); end++) {
+      }
+      if (end > i) arena_purge_run(ch, g + i, end - i);
+    }
   } else if (delay > 0) {
     arena_purge_over_budget();
     if (!atomic_load_explicit(&arena_has_dirty, memory_order_relaxed) ||
@@ -532,7 +540,7 @@ static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, unsigned 
   }
 }
 
-static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) { arena_give_some(ch, g, n, n); }
+static void arena_give(arena_chunk_t* ch, unsigned g, unsigned n) { arena_give_some(ch, g, n, ~(uint64_t)0); }
 
 /* The segments grow past the most they ever held: the arena's dirty
  * granules are purged down to the room the process's peak of committed
@@ -760,10 +768,10 @@ static void* arena_alloc(size_t off, size_t size, size_t total, bool zero) {
   if (delay > 0 && !zero) dirty = arena_fill(ch, g, n, dirty | unzeroed, &lost);
   if (lost != 0) {
     /* A granule of the run is no longer mapped (arena_fill): it stays taken
-     * for good, out of use; the others go back, and the block is made
-     * elsewhere or refused. */
-    if (lost > 1) arena_give(ch, g, lost - 1);
-    if (lost < n) arena_give(ch, g + lost, n - lost);
+     * for good, out of use; the others go back as they are now (moved pages
+     * and all), and the block is made elsewhere or refused. */
+    if (lost > 1) arena_give_some(ch, g, lost - 1, dirty);
+    if (lost < n) arena_give_some(ch, g + lost, n - lost, dirty >> lost);
     pthread_mutex_unlock(&huge_lock);
     return NULL;
   }

@@ -8,7 +8,8 @@
  * another before anything new is mapped; free segments reused; huge blocks
  * reusing the arena's granules (no mmap, no page fault per cycle), freed
  * neighbours coalescing, the backed ones taken first, granules purged after the delay and never while in
- * use, the kernel's mappings not multiplied; malloc_trim(0)
+ * use, the kernel's mappings not multiplied, a move of pages the kernel
+ * refuses; malloc_trim(0)
  * giving everything back at once; mallinfo2 within 5% of the live bytes;
  * HAKMEM_THP marking segments; bad HAKMEM_* variables warned about.
  *
@@ -24,8 +25,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
+#include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -975,14 +978,27 @@ static void run_self(const char* env1, const char* env2, char* out, size_t cap) 
  * refusing such a move under the limit had unmapped the destination first,
  * and the block was handed out with a hole: a review found it).  The block
  * must be whole, or refused with ENOMEM; the live one next to it intact. */
-static int fill_under_limit(void) {
+/* The first huge blocks of a process: three of 3 MiB side by side in the
+ * arena, written (the middle one with 2s), the outer two freed, so that
+ * their granules are dirty, beyond what the arena keeps once a block larger
+ * than either hole is taken.  Returns the middle one (NULL if out of
+ * memory) and in *first where the first was. */
+static char* arena_two_holes(char** first) {
   char *a = malloc(3 * MIB), *x = malloc(3 * MIB), *c = malloc(3 * MIB);
-  if (a == NULL || x == NULL || c == NULL) return 2;
+  if (a == NULL || x == NULL || c == NULL) return NULL;
   memset(a, 1, 3 * MIB);
   memset(x, 2, 3 * MIB);
   memset(c, 3, 3 * MIB);
   free(a);
-  free(c); /* dirty granules beyond what the arena keeps */
+  free(c);
+  *first = a;
+  return x;
+}
+
+static int fill_under_limit(void) {
+  char* a;
+  char* x = arena_two_holes(&a);
+  if (x == NULL) return 2;
   long kib = 0;
   char line[256];
   FILE* f = fopen("/proc/self/status", "r");
@@ -998,6 +1014,94 @@ static int fill_under_limit(void) {
   if (b != NULL) memset(b, 4, 5 * MIB);
   for (size_t i = 0; i < 3 * MIB; i += 512)
     if (x[i] != 2) return 4;
+  free(b);
+  free(x);
+  return 0;
+}
+
+/* The kernel refusing a move of pages and then the mapping made in its place
+ * (--refused-move): the process's own mremap and mmap, which hakmem's calls
+ * reach (it is linked in statically), refuse them while `refusing` is set,
+ * as a kernel out of mappings or of committed memory does: the move's
+ * destination unmapped first, then ENOMEM. */
+static volatile bool refusing; /* (volatile: the compiler takes malloc for reading no global) */
+static volatile int moves_refused, maps_refused;
+
+void* mremap(void* old, size_t old_size, size_t new_size, int flags, ...) {
+  void* to = NULL;
+  if (flags & MREMAP_FIXED) {
+    va_list ap;
+    va_start(ap, flags);
+    to = va_arg(ap, void*);
+    va_end(ap);
+  }
+  if (refusing && (flags & MREMAP_DONTUNMAP)) {
+    munmap(to, new_size);
+    moves_refused++;
+    errno = ENOMEM;
+    return MAP_FAILED;
+  }
+  return (void*)syscall(SYS_mremap, old, old_size, new_size, flags, to);
+}
+
+void* mmap(void* at, size_t size, int prot, int flags, int fd, off_t offset) {
+  if (refusing && (flags & MAP_FIXED)) {
+    maps_refused++;
+    errno = ENOMEM;
+    return MAP_FAILED;
+  }
+  return (void*)syscall(SYS_mmap, at, size, prot, flags, fd, offset);
+}
+
+/* A huge block whose arena run would take an old granule's pages by a move
+ * (as in fill_under_limit), with the move and the mapping again refused: the
+ * granule is left unmapped, so it must stay out of use for good.  The block
+ * is made elsewhere, whole; the live one beside it intact; and huge blocks
+ * of every size afterwards, written through, never land on the hole (a
+ * granule given back with the others would). */
+static int refused_move(void) {
+  if ((HAK_SECURE && !hak_os_guard_marks()) || hak_os_space_limited()) return 0; /* no moves made there */
+  char* a;
+  char* x = arena_two_holes(&a);
+  if (x == NULL) return 2;
+  refusing = true;
+  char* b = malloc(7 * MIB); /* c's two granules and two fresh ones, a move into the first */
+  refusing = false;
+  if (moves_refused != 1 || maps_refused != 1) return 3; /* the path not reached */
+  if (b == NULL) return 4;
+  /* Every granule the arena counts backed has pages: of the first eight
+   * (a's, x's, c's, the two fresh ones, the first now unmapped), the free
+   * ones with a page resident.  (The fresh one after the hole had been
+   * given back counted backed.) */
+  uint8_t* first = (uint8_t*)((uintptr_t)a & ~(uintptr_t)HAK_SEG_MASK);
+  uint8_t* live = (uint8_t*)((uintptr_t)x & ~(uintptr_t)HAK_SEG_MASK);
+  size_t reserved, dirty, free_bytes, backed = 0;
+  hak_huge_arena_info(&reserved, &dirty, &free_bytes);
+  for (int g = 0; g < 8; g++) {
+    uint8_t* granule = first + (size_t)g * HAK_SEG_SIZE;
+    unsigned char pages[HAK_SEG_SIZE / 4096];
+    if (granule == live || granule == live + HAK_SEG_SIZE) continue;
+    if (mincore(granule, HAK_SEG_SIZE, pages) != 0) continue; /* (the hole) */
+    for (size_t i = 0; i < sizeof pages; i++)
+      if (pages[i] & 1) {
+        backed += HAK_SEG_SIZE;
+        break;
+      }
+  }
+  if (dirty == 0 || dirty > backed) return 7;
+  memset(b, 4, 7 * MIB);
+  for (size_t i = 0; i < 3 * MIB; i += 512)
+    if (x[i] != 2) return 5;
+  enum { N = 24 };
+  char* blocks[N];
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < N; i++) {
+      size_t size = (size_t)(1 + (i + round) % 6) * MIB + 4096 * (size_t)i;
+      if ((blocks[i] = malloc(size)) == NULL) return 6;
+      memset(blocks[i], i, size);
+    }
+    for (int i = 0; i < N; i++) free(blocks[i]);
+  }
   free(b);
   free(x);
   return 0;
@@ -1064,6 +1168,14 @@ static void test_fill_under_limit(void) {
   char out[256];
   const char* env[] = {"HAKMEM_PURGE_DELAY_MS=100", "HAKMEM_PURGE=dontneed", NULL};
   CHECK(hak_run_self("--fill-under-limit", env, out, sizeof out) == 0);
+}
+
+static void test_refused_move(void) {
+  char out[256];
+  const char* env[] = {"HAKMEM_PURGE_DELAY_MS=100", "HAKMEM_PURGE=dontneed", NULL};
+  int rc = hak_run_self("--refused-move", env, out, sizeof out);
+  if (rc != 0) fprintf(stderr, "--refused-move: exit %d\n", rc);
+  CHECK(rc == 0);
 }
 
 static void test_option_warnings(void) {
@@ -1148,6 +1260,7 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && strcmp(argv[1], "--fill-under-limit") == 0) return fill_under_limit();
   if (argc > 1 && strcmp(argv[1], "--zero-fresh") == 0) return zero_fresh();
+  if (argc > 1 && strcmp(argv[1], "--refused-move") == 0) return refused_move();
   if (argc > 1 && strcmp(argv[1], "--growth") == 0) {
     test_huge_dirty_growth();
     return hak_test_result("test_memory --growth");
@@ -1168,6 +1281,7 @@ int main(int argc, char** argv) {
   test_huge_calloc_after_madv_free();
   test_large_calloc_zero();
   test_fill_under_limit();
+  test_refused_move();
   test_zero_fresh();
   test_huge_mappings();
   in_new_thread(realloc_in_place_thread);
