@@ -228,6 +228,12 @@ static unsigned bits_count(const uint64_t* w, unsigned i, unsigned end) {
   return count;
 }
 
+/* Sets bit i + k of w for each bit k of mask. */
+static void bits_or(uint64_t* w, unsigned i, uint64_t mask) {
+  w[i >> 6] |= mask << (i & 63);
+  if ((i & 63) != 0 && (i >> 6) + 1 < ARENA_WORDS) w[(i >> 6) + 1] |= mask >> (64 - (i & 63));
+}
+
 static void bits_put(uint64_t* w, unsigned i, unsigned n, bool on) {
   for (unsigned end = i + n, stop; i < end; i = stop) {
     stop = bits_stop(i, end);
@@ -517,10 +523,8 @@ static void arena_give_some(arena_chunk_t* ch, unsigned g, unsigned n, uint64_t 
   uint32_t now = hak_now_ms();
   if (n < 64) backed &= ((uint64_t)1 << n) - 1;
   bits_put(ch->free, g, n, true);
-  for (unsigned i = 0; i < n; i++) {
-    ch->freed_ms[g + i] = now;
-    if (backed >> i & 1) bits_put(ch->dirty, g + i, 1, true);
-  }
+  bits_or(ch->dirty, g, backed);
+  for (unsigned i = 0; i < n; i++) ch->freed_ms[g + i] = now;
   ch->free_count += n;
   arena_used -= (size_t)n * ARENA_GRANULE;
   arena_guards_trim(ch, g);

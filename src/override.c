@@ -26,7 +26,10 @@ HAK_API void* reallocarray(void* p, size_t count, size_t size) {
   return hak_realloc(p, total);
 }
 
-HAK_API int posix_memalign(void** out, size_t align, size_t size) {
+/* (Bodies shared with glibc's own names below, and called, not named:
+ * a function called in the file it is defined in gets a local alias of the
+ * same address, which profiles would then show.) */
+HAK_NOINLINE static int checked_posix_memalign(void** out, size_t align, size_t size) {
   if (align < sizeof(void*) || (align & (align - 1)) != 0) return EINVAL;
   int saved = errno;
   void* p = hak_alloc_aligned(align, size);
@@ -36,10 +39,12 @@ HAK_API int posix_memalign(void** out, size_t align, size_t size) {
   return 0;
 }
 
+HAK_API int posix_memalign(void** out, size_t align, size_t size) { return checked_posix_memalign(out, align, size); }
+
 HAK_API void* aligned_alloc(size_t align, size_t size) { return hak_aligned_alloc(align, size); }
 
 /* memalign rounds an alignment that is not a power of two up, as glibc does. */
-HAK_API void* memalign(size_t align, size_t size) {
+HAK_NOINLINE static void* rounded_memalign(size_t align, size_t size) {
   if (align > SIZE_MAX / 2 + 1) {
     errno = EINVAL;
     return NULL;
@@ -48,9 +53,11 @@ HAK_API void* memalign(size_t align, size_t size) {
   return hak_alloc_aligned(align, size);
 }
 
+HAK_API void* memalign(size_t align, size_t size) { return rounded_memalign(align, size); }
+
 HAK_API void* valloc(size_t size) { return hak_alloc_aligned(HAK_OS_PAGE, size); }
 
-HAK_API void* pvalloc(size_t size) {
+HAK_NOINLINE static void* page_rounded_alloc(size_t size) {
   size_t rounded = (size + HAK_OS_PAGE - 1) & ~(size_t)(HAK_OS_PAGE - 1);
   if (rounded < size) {
     errno = ENOMEM;
@@ -59,7 +66,22 @@ HAK_API void* pvalloc(size_t size) {
   return hak_alloc_aligned(HAK_OS_PAGE, rounded ? rounded : HAK_OS_PAGE);
 }
 
+HAK_API void* pvalloc(size_t size) { return page_rounded_alloc(size); }
+
 HAK_API size_t malloc_usable_size(void* p) { return hak_usable(p); }
+
+/* glibc's own names for these, which a program or library may call directly
+ * (a tracing shim forwarding to them, older code): the same entry points, so
+ * that a block from one is freed by the other and never a foreign pointer.
+ * tcmalloc and mimalloc replace them too. */
+HAK_API void* __libc_malloc(size_t size) { return hak_malloc(size); }
+HAK_API void __libc_free(void* p) { hak_free(p); }
+HAK_API void* __libc_calloc(size_t count, size_t size) { return hak_calloc(count, size); }
+HAK_API void* __libc_realloc(void* p, size_t size) { return hak_realloc(p, size); }
+HAK_API void* __libc_memalign(size_t align, size_t size) { return rounded_memalign(align, size); }
+HAK_API void* __libc_valloc(size_t size) { return hak_alloc_aligned(HAK_OS_PAGE, size); }
+HAK_API void* __libc_pvalloc(size_t size) { return page_rounded_alloc(size); }
+HAK_API int __posix_memalign(void** out, size_t align, size_t size) { return checked_posix_memalign(out, align, size); }
 
 /* ---- glibc's malloc inspection calls ------------------------------------- */
 

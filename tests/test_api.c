@@ -1,7 +1,8 @@
 /* test_api: the glibc-compatible entry points of hakmem (linked against
  * libhakmem.so, so malloc and friends resolve to hakmem; built again as
  * test_api_static with libhakmem.a linked in), with their edge cases: zero sizes, overflow, invalid alignments, usable sizes, realloc
- * across every size range, calloc zeroing of reused memory, C23 sized frees. */
+ * across every size range, calloc zeroing of reused memory, C23 sized frees,
+ * glibc's own names of the family (__libc_malloc ...) mixed with the others. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <malloc.h>
@@ -17,6 +18,15 @@
  * links against an allocator without them (the test then fails). */
 void free_sized(void* ptr, size_t size) __attribute__((weak));
 void free_aligned_sized(void* ptr, size_t alignment, size_t size) __attribute__((weak));
+/* glibc's own names of the family, which its headers do not declare. */
+void* __libc_malloc(size_t size);
+void __libc_free(void* p);
+void* __libc_calloc(size_t count, size_t size);
+void* __libc_realloc(void* p, size_t size);
+void* __libc_memalign(size_t align, size_t size);
+void* __libc_valloc(size_t size);
+void* __libc_pvalloc(size_t size);
+int __posix_memalign(void** out, size_t align, size_t size);
 
 #ifdef HAK_TEST_STATIC
 #define TEST_NAME "test_api_static"
@@ -56,7 +66,8 @@ static void test_symbols(void) {
       "malloc",        "free",           "calloc",     "realloc",
       "reallocarray",  "posix_memalign", "aligned_alloc", "memalign",
       "valloc",        "pvalloc",        "malloc_usable_size", "free_sized",
-      "free_aligned_sized",
+      "free_aligned_sized", "__libc_malloc", "__libc_free", "__libc_calloc", "__libc_realloc",
+      "__libc_memalign", "__libc_valloc", "__libc_pvalloc", "__posix_memalign",
   };
   HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
   for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) HAK_REQUIRE_SYMBOL_IN_HAKMEM(syms[i]);
@@ -811,6 +822,39 @@ static void test_free_keeps_errno(void) {
   }
 }
 
+/* Blocks of glibc's own names and of the standard ones are one kind: each
+ * frees, reallocates and sizes the other's (a foreign pointer would abort). */
+static void test_libc_names(void) {
+  char* a = __libc_malloc(hak_opaque(100));
+  check_block(a, 100, 16, "__libc_malloc");
+  a = realloc(a, 5000);
+  check_block(a, 5000, 16, "realloc of __libc_malloc's");
+  free(a);
+  char* b = malloc(hak_opaque(300));
+  b = __libc_realloc(b, 2 * MiB);
+  check_block(b, 2 * MiB, 16, "__libc_realloc of malloc's");
+  __libc_free(b);
+  unsigned char* c = __libc_calloc(hak_opaque(1000), 3);
+  REQUIRE(c != NULL);
+  for (size_t i = 0; i < 3000; i++) CHECK(c[i] == 0);
+  CHECK(malloc_usable_size(c) >= 3000);
+  __libc_free(c);
+  void* d = __libc_memalign(4096, hak_opaque(10));
+  check_block(d, 10, 4096, "__libc_memalign");
+  free(d);
+  void* e = __libc_valloc(hak_opaque(10));
+  check_block(e, 10, page_size, "__libc_valloc");
+  __libc_free(e);
+  void* f = __libc_pvalloc(hak_opaque(10));
+  check_block(f, page_size, page_size, "__libc_pvalloc");
+  free(f);
+  void* g = NULL;
+  CHECK(__posix_memalign(&g, 256, hak_opaque(700)) == 0);
+  check_block(g, 700, 256, "__posix_memalign");
+  __libc_free(g);
+  CHECK(__posix_memalign(&g, 24, 10) == EINVAL);
+}
+
 int main(void) {
   page_size = (size_t)sysconf(_SC_PAGESIZE);
   test_symbols();
@@ -828,6 +872,7 @@ int main(void) {
   test_realloc();
   test_realloc_edges();
   test_free_sized();
+  test_libc_names();
   test_free_keeps_errno();
   return hak_test_result(TEST_NAME);
 }
