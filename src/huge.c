@@ -1014,7 +1014,9 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
     return NULL;
   }
   size_t off = huge_offset(align);
-  size_t total = PAGE_UP(off + size) + HUGE_GUARD;
+  /* (A block of 0 bytes gets a page: aligned to 2 MiB or more, its address
+   * is a segment past its header, and would otherwise lie past its mapping.) */
+  size_t total = PAGE_UP(off + (size != 0 ? size : 1)) + HUGE_GUARD;
   if (off < HAK_SEG_SIZE) {
     void* p = arena_alloc(off, size, total, zero);
     if (p != NULL) return p;

@@ -201,18 +201,45 @@ HAK_API void cfree(void* p) { hak_free_inline(p); }
 
 /* ---- C++ ------------------------------------------------------------------ */
 
-/* Resolved only when libstdc++ is in the process (a C++ program). */
+/* Bound at load time when the program came with libstdc++ (a C++ program). */
 typedef void (*hak_new_handler_t)(void);
+typedef hak_new_handler_t (*hak_get_new_handler_t)(void);
+typedef void (*hak_throw_t)(void);
 extern hak_new_handler_t _ZSt15get_new_handlerv(void) __attribute__((weak));
 extern void _ZSt17__throw_bad_allocv(void) __attribute__((weak, noreturn));
+
+/* The C++ library's function `name` where it came after hakmem was bound (a
+ * C program that loads a C++ library, whose operator new is hakmem's): looked
+ * up in the C++ library itself, which a library opened with RTLD_LOCAL
+ * brings into its own scope only.  NULL if there is none. */
+HAK_COLD static void* cxx_library_symbol(const char* name) {
+  static const char* const libraries[] = {"libstdc++.so.6", "libc++.so.1"};
+  for (unsigned i = 0; i < sizeof libraries / sizeof libraries[0]; i++) {
+    void* lib = dlopen(libraries[i], RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == NULL) continue;
+    void* f = dlsym(lib, name);
+    dlclose(lib);
+    if (f != NULL) return f;
+  }
+  return NULL;
+}
+
+/* The new_handler installed, if any. */
+HAK_COLD static hak_new_handler_t cxx_new_handler(void) {
+  hak_get_new_handler_t get = _ZSt15get_new_handlerv;
+  if (get == NULL) get = (hak_get_new_handler_t)cxx_library_symbol("_ZSt15get_new_handlerv");
+  return get != NULL ? get() : NULL;
+}
 
 /* operator new: on failure call the new_handler and retry; with no handler,
  * throw std::bad_alloc. */
 HAK_COLD static void* cxx_new_failed(size_t align, size_t size) {
   for (;;) {
-    hak_new_handler_t handler = _ZSt15get_new_handlerv ? _ZSt15get_new_handlerv() : NULL;
+    hak_new_handler_t handler = cxx_new_handler();
     if (handler == NULL) {
-      if (_ZSt17__throw_bad_allocv) _ZSt17__throw_bad_allocv();
+      hak_throw_t throw_bad_alloc = _ZSt17__throw_bad_allocv;
+      if (throw_bad_alloc == NULL) throw_bad_alloc = (hak_throw_t)cxx_library_symbol("_ZSt17__throw_bad_allocv");
+      if (throw_bad_alloc != NULL) throw_bad_alloc();
       hak_fatal("operator new failed and std::bad_alloc is not available; size", (void*)size);
     }
     handler();
@@ -222,16 +249,18 @@ HAK_COLD static void* cxx_new_failed(size_t align, size_t size) {
 }
 
 /* The nothrow forms must call the new_handler too, and return NULL if it
- * throws.  C cannot catch, so with a handler installed they defer to
- * libstdc++'s own nothrow operator (the next definition of the same name),
- * which calls our throwing operator new inside a try block. */
+ * throws.  C cannot catch, so with a handler installed they defer to the C++
+ * library's own nothrow operator (the next definition of the same name, or
+ * the library's own where it is not in the global scope), which calls our
+ * throwing operator new inside a try block. */
 typedef void* (*hak_nothrow_new_t)(size_t, const void*);
 typedef void* (*hak_nothrow_new_aligned_t)(size_t, size_t, const void*);
 
 HAK_COLD static void* cxx_nothrow_failed(const char* name, size_t align, size_t size,
                                          const void* nt) {
-  if (_ZSt15get_new_handlerv == NULL || _ZSt15get_new_handlerv() == NULL) return NULL;
+  if (cxx_new_handler() == NULL) return NULL;
   void* next = dlsym(RTLD_NEXT, name);
+  if (next == NULL) next = cxx_library_symbol(name);
   if (next == NULL) return NULL;
   if (align == 0) return ((hak_nothrow_new_t)next)(size, nt);
   return ((hak_nothrow_new_aligned_t)next)(size, align, nt);

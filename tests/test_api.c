@@ -395,6 +395,10 @@ static void test_alignment_matrix(void) {
           continue;
         }
         use[f][s] = malloc_usable_size(blk[f][s]);
+        if (use[f][s] == 0) { /* (size 0 too: a block, as malloc(0) is) */
+          fprintf(stderr, "check failed: %s(%zu, %zu) has no usable byte\n", names[f], align, n);
+          hak_test_failures++;
+        }
         hak_pattern_fill(blk[f][s], use[f][s], align * 131 + (size_t)s * 7 + (size_t)f);
       }
     }
