@@ -768,11 +768,27 @@ void hak_heaps_each(void (*fn)(hak_heap_t* heap, void* arg), void* arg) {
 
 /* ---- trim ------------------------------------------------------------------ */
 
+/* Gives back what a heap its caller may touch (its own, or the global heap
+ * under its lock) holds unused: it collects its remote frees, retires its
+ * empty current pages and kept empty pages, and purges its free units. */
+static void heap_trim_own(hak_heap_t* heap, uint32_t now) {
+  if (hak_remote_pending(heap)) hak_remote_collect(heap);
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    hak_page_t* page = heap->current[c];
+    if (page == &hak_page_empty || page->used != HAK_USED_PINNED) continue;
+    hak_queue_remove(&heap->queue[c], page);
+    hak_heap_set_current(heap, c); /* unpinned: empty */
+    hak_page_retire(heap, page, now);
+  }
+  hak_heap_flush_empty(heap);
+  hak_heap_purge(heap, now, true);
+}
+
 /* Gives back at once everything that can be: the calling thread's empty pages
- * and free units, those of exited threads' heaps and
- * of the global heap, and the segment and huge caches.  Other live threads'
- * free units are theirs to touch: they go on their own purge delay.  Returns
- * whether any memory was given back. */
+ * and free units, those of exited threads' heaps (with what was freed into
+ * them since) and of the global heap, and the segment and huge caches.  Other
+ * live threads' free units are theirs to touch: they go on their own purge
+ * delay.  Returns whether any memory was given back. */
 bool hak_trim(void) {
   size_t before = atomic_load_explicit(&hak_counters.purged_bytes, memory_order_relaxed) +
                   atomic_load_explicit(&hak_counters.munmap_calls, memory_order_relaxed);
@@ -780,22 +796,13 @@ bool hak_trim(void) {
   hak_heap_t* heap = hak_tls_heap;
   if (heap->kind == HAK_HEAP_THREAD) hak_remote_flush(heap);
   /* What others freed into live heaps that do not collect (and this
-   * thread's own list back, if the sweeper held it, to be collected now). */
+   * thread's own list back, if the sweeper held it, to be collected now),
+   * and into exited threads' heaps (collected otherwise when a thread ends). */
   hak_heaps_sweep(heap, now, true);
-  if (heap->kind == HAK_HEAP_THREAD) {
-    if (hak_remote_pending(heap)) hak_remote_collect(heap);
-    for (unsigned c = 0; c < HAK_CLASSES; c++) {
-      hak_page_t* page = heap->current[c];
-      if (page == &hak_page_empty || page->used != HAK_USED_PINNED) continue;
-      hak_queue_remove(&heap->queue[c], page);
-      hak_heap_set_current(heap, c); /* unpinned: empty */
-      hak_page_retire(heap, page, now);
-    }
-    hak_heap_flush_empty(heap);
-    hak_heap_purge(heap, now, true);
-  }
+  abandoned_collect();
+  if (heap->kind == HAK_HEAP_THREAD) heap_trim_own(heap, now);
   pthread_mutex_lock(&global_heap_lock);
-  hak_heap_purge(&hak_heap_global, now, true);
+  if (hak_heap_global.kind == HAK_HEAP_GLOBAL) heap_trim_own(&hak_heap_global, now);
   pthread_mutex_lock(&heaps_lock);
   /* Pooled heaps are touched only under heaps_lock until a thread takes one. */
   for (hak_heap_t* h = abandoned_pool; h != NULL; h = h->pool_next) hak_heap_purge(h, now, true);

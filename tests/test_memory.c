@@ -909,6 +909,69 @@ static void test_trim(void) {
   CHECK(live_intact());
 }
 
+/* Blocks that threads made and ended, then freed by this one (remote frees
+ * into the abandoned heaps): malloc_trim(0) gives them back at once, not
+ * when some other thread next ends (a review found 80 MB held). */
+enum { EXITED_THREADS = 4, EXITED_BLOCKS = 20000 };
+static void* exited_blocks[EXITED_THREADS][EXITED_BLOCKS];
+
+static void* exited_fill(void* arg) {
+  void** mine = arg;
+  for (int i = 0; i < EXITED_BLOCKS; i++) {
+    mine[i] = malloc(1000);
+    REQUIRE(mine[i] != NULL);
+    memset(mine[i], 1, 1000);
+  }
+  return NULL;
+}
+
+static void test_trim_exited(void) {
+  malloc_trim(0);
+  size_t base = C(committed_bytes);
+  pthread_t t[EXITED_THREADS];
+  for (int w = 0; w < EXITED_THREADS; w++) REQUIRE(pthread_create(&t[w], NULL, exited_fill, exited_blocks[w]) == 0);
+  for (int w = 0; w < EXITED_THREADS; w++) pthread_join(t[w], NULL);
+  for (int w = 0; w < EXITED_THREADS; w++)
+    for (int i = 0; i < EXITED_BLOCKS; i++) free(exited_blocks[w][i]);
+  malloc_trim(0);
+  size_t after = C(committed_bytes);
+  if (after > base + 4 * MIB) fprintf(stderr, "committed %zu KiB -> %zu KiB after trim\n", base >> 10, after >> 10);
+  CHECK(after <= base + 4 * MIB);
+}
+
+/* A thread's pthread_key destructor that runs after hakmem's (its key made
+ * later) is served by the global heap; what it freed there is given back by
+ * malloc_trim(0) too (the global heap kept an empty page of every class). */
+static pthread_key_t late_key;
+
+static void late_destructor(void* arg) {
+  (void)arg;
+  for (size_t size = 16; size <= 128 * 1024; size += size / 8 + 16) {
+    unsigned char* p = malloc(hak_opaque(size));
+    REQUIRE(p != NULL);
+    memset(p, 1, size);
+    free(p);
+  }
+}
+
+static void* late_thread(void* arg) {
+  free(malloc(hak_opaque(10)));
+  pthread_setspecific(late_key, (void*)1);
+  return arg;
+}
+
+static void test_trim_global(void) {
+  REQUIRE(pthread_key_create(&late_key, late_destructor) == 0);
+  malloc_trim(0);
+  size_t base = C(committed_bytes);
+  in_new_thread(late_thread);
+  malloc_trim(0);
+  size_t after = C(committed_bytes);
+  if (after > base + MIB) fprintf(stderr, "committed %zu KiB -> %zu KiB after trim\n", base >> 10, after >> 10);
+  CHECK(after <= base + MIB);
+  pthread_key_delete(late_key);
+}
+
 /* mallinfo2's bytes in use follow the live bytes, within 5%. */
 static void test_mallinfo(void) {
   struct mallinfo2 before = mallinfo2();
@@ -1287,6 +1350,8 @@ int main(int argc, char** argv) {
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);
   test_trim();
+  test_trim_exited();
+  test_trim_global();
   test_mallinfo();
   test_thp();
   if (HAK_POLICY(purge_delay_ms) == 100 && HAK_POLICY(thp) == HAK_THP_SYSTEM) test_option_warnings();
