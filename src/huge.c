@@ -1039,6 +1039,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
    * at most size + alignment (plus a page of rounding). */
   uint8_t* base = huge_map_aligned(total, align);
   if (base == NULL && hak_huge_cache_flush()) base = huge_map_aligned(total, align);
+  if (base == NULL && hak_segment_cache_unmap()) base = huge_map_aligned(total, align);
   if (base == NULL) {
     errno = ENOMEM;
     return NULL;

@@ -930,6 +930,7 @@ void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n);
 void hak_segments_lock(void);
 void hak_segments_unlock(void);
 void hak_segment_cache_purge(uint32_t now_ms, bool all);
+bool hak_segment_cache_unmap(void);
 void hak_segments_usage(hak_usage_t* usage);
 
 /* page.c */

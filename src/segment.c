@@ -261,6 +261,39 @@ void hak_segment_cache_purge(uint32_t now_ms, bool all) {
   }
 }
 
+/* Unmaps a cached segment (under segment_lock), its backed units with it. */
+static void segment_unmap(hak_segment_t* seg, bool backed) {
+  for (size_t i = 0; i < registry_count; i++)
+    if (registry[i] == seg) {
+      registry[i] = registry[--registry_count];
+      break;
+    }
+  if (backed) hak_committed_sub(HAK_SEG_HDR_SIZE + ((size_t)hak_popcount(seg->dirty_units) << HAK_UNIT_SHIFT));
+  hak_os_unmap(seg, HAK_SEG_SIZE);
+}
+
+/* Unmaps every cached segment, for a mapping the system refused (a limit of
+ * address space, `ulimit -v`, or of mappings): segments are otherwise kept
+ * mapped for good, so after a phase of many blocks a huge block could find
+ * no room even with everything freed.  Returns whether any was unmapped. */
+bool hak_segment_cache_unmap(void) {
+  pthread_mutex_lock(&segment_lock);
+  bool any = cache_dirty != NULL || cache_clean != NULL;
+  while (cache_dirty != NULL) {
+    hak_segment_t* seg = cache_dirty;
+    cache_dirty = seg->next;
+    segment_unmap(seg, true);
+  }
+  while (cache_clean != NULL) {
+    hak_segment_t* seg = cache_clean;
+    cache_clean = seg->next;
+    segment_unmap(seg, false);
+  }
+  atomic_store_explicit(&cache_dirty_count, 0, memory_order_relaxed);
+  pthread_mutex_unlock(&segment_lock);
+  return any;
+}
+
 void hak_segment_release(hak_segment_t* seg) {
   hak_assert(seg->free_units == HAK_SEG_ALL_FREE);
   hak_segmap_set(seg, HAK_MAP_NONE);

@@ -7,7 +7,9 @@
  * cleanly too (realloc leaving the block as it was); and once everything is
  * freed, a block as big as the most held at once fits again (nothing leaked
  * inside the allocator).  And nothing is reserved ahead of need under the
- * limit: beside a huge block, most of the room comes in small blocks.
+ * limit: beside a huge block, most of the room comes in small blocks; and
+ * after the room was filled with blocks in segments and all freed, a huge
+ * block fits.
  * Linked with hakmem. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -158,6 +160,43 @@ static int child_reserve(void) {
   return hak_test_result("test_oom (reserve)");
 }
 
+/* With 256 MiB of room: 200 KB blocks (large blocks, in segments) until
+ * malloc fails, all freed, then a huge block must fit: the free segments,
+ * kept mapped otherwise, are unmapped when its mapping is refused (a review
+ * found huge blocks refused for good after such a phase, malloc_trim or
+ * not). */
+static int child_segments_then_huge(void) {
+  struct rlimit lim;
+  REQUIRE(getrlimit(RLIMIT_AS, &lim) == 0);
+  lim.rlim_cur = mapped_bytes() + ((size_t)256 << 20);
+  REQUIRE(setrlimit(RLIMIT_AS, &lim) == 0);
+  void** list = NULL;
+  size_t got = 0;
+  for (;;) {
+    void** p = malloc(200000);
+    if (p == NULL) break;
+    *p = list;
+    list = p;
+    got++;
+  }
+  CHECK(got >= 600); /* (most of the room) */
+  while (list != NULL) {
+    void** next = *list;
+    free(list);
+    list = next;
+  }
+  errno = 0;
+  unsigned char* huge = malloc((size_t)3 << 20);
+  if (huge == NULL) fprintf(stderr, "a 3 MiB block after %zu blocks of 200 KB freed: errno %d\n", got, errno);
+  REQUIRE(huge != NULL);
+  memset(huge, 7, (size_t)3 << 20);
+  void* again = malloc(200000);
+  CHECK(again != NULL);
+  free(again);
+  free(huge);
+  return hak_test_result("test_oom (segments, then a huge block)");
+}
+
 static void in_child(int (*fn)(void)) {
   fflush(stdout);
   pid_t pid = fork();
@@ -176,6 +215,7 @@ static void in_child(int (*fn)(void)) {
 int main(void) {
   HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
   in_child(child_reserve);
+  in_child(child_segments_then_huge);
   in_child(child);
   return hak_test_result("test_oom");
 }
