@@ -27,8 +27,9 @@ size_t hak_usable_size(const void* ptr);
 /* Options (docs/CONFIG.md), by name with or without the HAKMEM_ prefix, e.g.
  * "PURGE_DELAY_MS".  A named value is set by its number (off = 0, on = 1, ...).
  * Both return 0, EINVAL for an unknown name, or (set) ERANGE for a value out
- * of the option's range, which changes nothing.  A set takes effect at once,
- * for every thread. */
+ * of the option's range or ENOTSUP for HAKMEM_PROF on outside the profiling
+ * library, either of which changes nothing.  A set takes effect at once, for
+ * every thread. */
 int hak_option_get(const char* name, long* value);
 int hak_option_set(const char* name, long value);
 

@@ -78,7 +78,10 @@ static void fork_child(void) {
 
 __attribute__((constructor(101))) static void hak_constructor(void) {
   hak_process_init();
-  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) hak_prof_prepare();
+  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) {
+    hak_prof_prepare();
+    hak_prof_signal_update();
+  }
   pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 

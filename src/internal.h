@@ -917,7 +917,7 @@ HAK_COLD __attribute__((noreturn)) void hak_fatal(const char* what, const void* 
 /* The same with " (class N)" after the address (cls < 0: without). */
 HAK_COLD __attribute__((noreturn)) void hak_fatal_class(const char* what, const void* p, int cls);
 void hak_write_stderr(const char* s);
-void hak_write_fd(int fd, const char* s);
+bool hak_write_fd(int fd, const char* s);
 
 /* segment.c */
 void hak_segmap_set(const void* at, unsigned value);
@@ -1022,6 +1022,7 @@ void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
 extern _Atomic size_t hak_prof_live; /* samples live now */
 extern __thread bool hak_prof_busy __attribute__((tls_model("initial-exec")));
 void hak_prof_prepare(void);
+void hak_prof_signal_update(void);
 void hak_prof_arm(hak_heap_t* heap);
 void* hak_prof_alloc(hak_heap_t* heap, size_t size);
 void hak_prof_huge(void* p, size_t size);

@@ -264,5 +264,6 @@ HAK_API int hak_option_set(const char* name, long value) {
     hak_prof_prepare();
   }
   publish(opt->offset, (int32_t)value);
+  if (HAK_PROF && (opt->offset == FIELD(prof) || opt->offset == FIELD(prof_signal))) hak_prof_signal_update();
   return 0;
 }

@@ -73,7 +73,7 @@ static prof_sample_t** sample_buckets;
 static size_t sample_bucket_count; /* a power of two */
 static prof_sample_t* sample_free;
 static size_t samples_taken; /* by this process, ever */
-static bool signal_installed;
+static int signal_installed; /* the signal whose handler is ours (0: none) */
 /* Live samples: read without the lock by hak_free_slow, to skip the lookup
  * while there are none. */
 _Atomic size_t hak_prof_live;
@@ -256,9 +256,13 @@ static void prof_signal_handler(int sig) {
   errno = saved;
 }
 
+/* HAKMEM_PROF_SIGNAL's handler, for the signal set now (under the lock).
+ * The one set before, if another, goes back to its default action. */
 static void install_signal(void) {
   int sig = HAK_POLICY(prof_signal);
-  signal_installed = true;
+  if (sig == signal_installed) return;
+  if (signal_installed > 0) signal(signal_installed, SIG_DFL);
+  signal_installed = sig;
   if (sig <= 0) return;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -266,6 +270,16 @@ static void install_signal(void) {
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   sigaction(sig, &sa, NULL);
+}
+
+/* The handler as soon as profiling is on (at start, and when
+ * hak_option_set turns it on or changes the signal), not at the first
+ * sample: before it, the signal would end the program (a review found it). */
+void hak_prof_signal_update(void) {
+  if (HAK_POLICY(prof) == HAK_PROF_OFF) return;
+  hak_prof_lock();
+  install_signal();
+  hak_prof_unlock();
 }
 
 /* The stack unwinder: libunwind's unw_backtrace where the system has it
@@ -301,7 +315,7 @@ static HAK_NOINLINE void prof_record(const void* p, size_t size) {
   int depth = prof_unwind(frames, PROF_MAX_FRAMES);
   if (depth > 1) {
     hak_prof_lock();
-    if (!signal_installed) install_signal();
+    install_signal(); /* (a sample before the constructor) */
     prof_stack_t* stack = stack_find(frames + 1, (uint32_t)(depth - 1)); /* without this function */
     if (stack != NULL) sample_add(p, size, stack);
     hak_prof_unlock();

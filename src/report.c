@@ -1,18 +1,22 @@
 /* Messages on stderr without allocating: used where the heap may be broken. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "internal.h"
 
-void hak_write_fd(int fd, const char* s) {
+/* Writes all of s; false if a write failed (errno says why). */
+bool hak_write_fd(int fd, const char* s) {
   size_t n = strlen(s);
   while (n > 0) {
     ssize_t w = write(fd, s, n);
-    if (w <= 0) return;
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
     s += w;
     n -= (size_t)w;
   }
+  return true;
 }
 
 void hak_write_stderr(const char* s) { hak_write_fd(2, s); }

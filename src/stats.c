@@ -3,11 +3,14 @@
  * hak_stats_get, hak_stats_print, the report at exit (HAKMEM_STATS=on, or
  * json:PATH), malloc_stats.  Nothing here runs unless asked. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -159,6 +162,7 @@ static void gather(hak_stats_t* st) {
     st->peak_rss_bytes = (size_t)ru.ru_maxrss * 1024;
   }
   st->rss_bytes = rss_now();
+  if (st->peak_rss_bytes < st->rss_bytes) st->peak_rss_bytes = st->rss_bytes; /* (the kernel's peak lags) */
 }
 
 HAK_API void hak_stats_get(hak_stats_t* out) {
@@ -221,13 +225,14 @@ HAK_API void hak_stats_reset(void) {
 typedef struct out_s {
   int fd;
   FILE* file;
+  bool failed; /* a write to fd failed (errno says why) */
 } out_t;
 
 static void put(out_t* o, const char* s) {
   if (o->file != NULL)
     fputs(s, o->file);
-  else
-    hak_write_fd(o->fd, s);
+  else if (!o->failed)
+    o->failed = !hak_write_fd(o->fd, s);
 }
 
 /* bytes as "12.3 MiB" */
@@ -351,32 +356,57 @@ static void report_json(out_t* o, const hak_stats_t* st) {
 void hak_stats_report_fd(int fd) {
   hak_stats_t st;
   hak_stats_get(&st);
-  out_t o = {fd, NULL};
+  out_t o = {fd, NULL, false};
   report(&o, &st);
 }
 
 HAK_API void hak_stats_print(FILE* file) {
   hak_stats_t st;
   hak_stats_get(&st);
-  out_t o = {2, file};
+  out_t o = {2, file, false};
   report(&o, &st);
   if (file != NULL) fflush(file);
 }
 
+/* Written whole under an exclusive lock, truncated only once it is held:
+ * the processes of one program (fork, make -j) exiting together each write
+ * the file in turn, never a mix of theirs (a review found a third of such
+ * files broken).  (Not written aside and renamed: PATH may be /dev/stderr or
+ * a pipe.)  -1 with errno if it could not be written whole. */
 HAK_API int hak_stats_write_json(const char* path) {
   if (path == NULL) return -1;
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
+  struct stat sb;
+  if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+    while (flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+    if (ftruncate(fd, 0) != 0) {
+      int err = errno;
+      close(fd);
+      errno = err;
+      return -1;
+    }
+  }
   hak_stats_t st;
   hak_stats_get(&st);
-  out_t o = {fd, NULL};
+  out_t o = {fd, NULL, false};
   report_json(&o, &st);
-  return close(fd);
+  int err = o.failed ? errno : 0;
+  if (close(fd) != 0 && err == 0) err = errno; /* (the lock goes with it) */
+  if (err == 0) return 0;
+  errno = err;
+  return -1;
 }
 
 /* At exit, as HAKMEM_STATS asks: the report on fd (a copy of stderr), or JSON. */
 void hak_stats_at_exit(int fd) {
   int mode = HAK_POLICY(stats);
+  /* Blocks other threads freed into this thread's heap count as handed out
+   * until it collects them: collected now, the report's live bytes are the
+   * blocks still live. */
+  hak_heap_t* heap = hak_tls_heap;
+  if (heap->kind == HAK_HEAP_THREAD && hak_remote_pending(heap)) hak_remote_collect(heap);
   if (mode == HAK_STATS_ON)
     hak_stats_report_fd(fd);
   else if (mode == HAK_STATS_JSON) {

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,8 +275,19 @@ static void test_on(void) {
   free(prof);
 }
 
-/* A child leaks and ends: its profile is written at exit, or on the signal. */
+/* A child leaks and ends: its profile is written at exit, or on the signal.
+ * The early child takes no sample (the rate is the largest) and raises the
+ * signal, then another set at run time: each must write the profile, not
+ * end the process (the handler came with the first sample: a review found
+ * the signal killing such programs). */
 static int child_main(const char* mode) {
+  if (strcmp(mode, "signal-early-child") == 0) {
+    raise(SIGUSR2);
+    if (hak_option_set("PROF_SIGNAL", SIGUSR1) != 0) return 3;
+    raise(SIGUSR1);
+    fflush(stdout);
+    _exit(0);
+  }
   leaky_function();
   if (strcmp(mode, "signal-child") == 0) {
     raise(SIGUSR2);
@@ -287,9 +299,11 @@ static int child_main(const char* mode) {
 
 static void test_child(const char* mode) {
   char path[256], env_file[300], out[4096];
+  bool early = strcmp(mode, "signal-early-child") == 0;
   snprintf(path, sizeof path, "%s/%s.heap", tmpdir, mode);
   snprintf(env_file, sizeof env_file, "HAKMEM_PROF=file:%s", path);
-  const char* env[] = {env_file, "HAKMEM_PROF_RATE=4096", "HAKMEM_PROF_SIGNAL=12", NULL};
+  const char* env[] = {env_file, early ? "HAKMEM_PROF_RATE=1073741824" : "HAKMEM_PROF_RATE=4096",
+                       "HAKMEM_PROF_SIGNAL=12", NULL};
   CHECK(hak_run_self(mode, env, out, sizeof out) == 0);
   FILE* f = fopen(path, "r");
   CHECK(f != NULL);
@@ -299,7 +313,10 @@ static void test_child(const char* mode) {
   long rate = 0;
   CHECK(fgets(line, sizeof line, f) != NULL &&
         sscanf(line, "heap profile: %zu: %zu [%zu: %zu] @ heap_v2/%ld", &lc, &lb, &ac, &ab, &rate) == 5);
-  CHECK(rate == 4096 && lc > 1000 && lb > 0);
+  if (early)
+    CHECK(rate == 1073741824 && lc == 0);
+  else
+    CHECK(rate == 4096 && lc > 1000 && lb > 0);
   fclose(f);
 }
 
@@ -310,6 +327,7 @@ int main(int argc, char** argv) {
   test_on();
   test_child("exit-child");
   test_child("signal-child");
+  test_child("signal-early-child");
   char cmd[300]; /* KEEP=1: keep the profiles, and say where */
   snprintf(cmd, sizeof cmd, "%s %s", getenv("KEEP") ? "echo" : "rm -rf", tmpdir);
   CHECK(system(cmd) == 0);
