@@ -1,8 +1,9 @@
 /* free() of a pointer hakmem does not own, of one that is not the start of
  * a block, or of the block freed just before (a double free, also from
  * another thread), is reported on stderr in one line naming the address, and
- * the program aborts.  Each case runs in a child process.  Linked with hakmem. */
+ * the program aborts; so is realloc of such a pointer in the secure build.  Each case runs in a child process.  Linked with hakmem. */
 #define _GNU_SOURCE
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -80,6 +81,50 @@ static void double_free_remote(void) {
   free(malloc(64)); /* the owner collects */
 }
 
+#if HAK_SECURE
+/* The secure build's realloc makes free's checks before it keeps or grows a block: a block
+ * freed just before, reallocated to a size it holds (it was returned as it
+ * was, to be handed out again by malloc), a small and a large block; a
+ * pointer inside a block, kept or grown in place (a large block grew from
+ * it).  Each child ends cleanly if realloc lets it through. */
+static void realloc_freed_small(void) {
+  char* p = malloc(100);
+  free(p);
+  hak_escape(realloc(p, 90));
+  _exit(0); /* (not reached: the realloc is reported) */
+}
+
+static void realloc_freed_large(void) {
+  char* p = malloc(300000);
+  char* keep = malloc(300000); /* (the page of p, freed, stays a page) */
+  free(p);
+  hak_escape(realloc(p, 290000));
+  hak_escape(keep);
+  _exit(0);
+}
+
+static void realloc_interior(void) {
+  char* p = malloc(100);
+  hak_escape(realloc(p + 16, 50));
+  _exit(0);
+}
+
+/* A write past the end of a large block, then its growth in place, which
+ * lays the canary anew at its new end: the write must be found first. */
+static void realloc_overrun_large(void) {
+  char* p = malloc(300000);
+  p[malloc_usable_size(p)] = 0;
+  hak_escape(realloc(p, 500000));
+  _exit(0);
+}
+
+static void realloc_interior_large(void) {
+  char* p = malloc(300000);
+  hak_escape(realloc(p + 4096, 600000));
+  _exit(0);
+}
+#endif
+
 static void check_reported(const char* name, void (*fn)(void), const char* fault) {
   char err[1024];
   /* The address is computed in the child; recompute it the same way here for
@@ -115,6 +160,13 @@ int main(void) {
   check_reported("double-mid", double_free_mid, "double free of");
   check_reported("double-full-page", double_free_full_page, "double free of");
   check_reported("double-remote", double_free_remote, "double free of");
+#if HAK_SECURE /* (the release build's realloc does not look: docs/BENCHMARKS.md) */
+  check_reported("realloc-freed-small", realloc_freed_small, "double free of");
+  check_reported("realloc-freed-large", realloc_freed_large, "0x");
+  check_reported("realloc-interior", realloc_interior, "invalid pointer");
+  check_reported("realloc-interior-large", realloc_interior_large, "invalid pointer");
+  check_reported("realloc-overrun-large", realloc_overrun_large, "write past the end");
+#endif
   /* And a valid free after all that still works in this process. */
   void* p = malloc(10);
   free(p);
