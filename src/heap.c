@@ -391,6 +391,7 @@ void hak_free_special(void* p) {
   hak_segment_t* seg = hak_segment_lookup(p);
   if (seg == NULL) {
     hak_count(lookup_failures, 1);
+    if (hak_huge_arena_free_at(p)) hak_fatal("double free of a huge block (or a pointer into one freed)", p);
     hak_fatal("free of a pointer not allocated by hakmem", p);
   }
   hak_free_slow(seg, hak_page_of(seg, p), p);

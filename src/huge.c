@@ -662,6 +662,20 @@ void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_byt
   pthread_mutex_unlock(&huge_lock);
 }
 
+/* For the report of a free hakmem finds no block for: whether p lies in a
+ * free granule of the arena (a huge block freed already, freed again). */
+bool hak_huge_arena_free_at(const void* p) {
+  bool free_granule = false;
+  pthread_mutex_lock(&huge_lock);
+  for (unsigned c = 0; c < arena_slots; c++) {
+    const arena_chunk_t* ch = &hak_arena[c];
+    if (ch->base == NULL || (const uint8_t*)p < ch->base || (const uint8_t*)p >= ch->base + ARENA_CHUNK) continue;
+    free_granule = bit_get(ch->free, (unsigned)(((const uint8_t*)p - ch->base) / ARENA_GRANULE));
+  }
+  pthread_mutex_unlock(&huge_lock);
+  return free_granule;
+}
+
 /* The secure build puts a guard page before the block (after the header)
  * and one after it, at the end of the mapping. */
 #define HUGE_GUARD (HAK_SECURE ? (size_t)HAK_OS_PAGE : 0)

@@ -1015,6 +1015,7 @@ void hak_huge_purge_if_due(uint32_t now_ms);
 void hak_huge_purge_for_growth(void);
 hak_segment_t* hak_huge_take_granule(void);
 void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_bytes);
+bool hak_huge_arena_free_at(const void* p);
 size_t hak_huge_usable(hak_segment_t* seg, const void* p);
 void* hak_huge_realloc(hak_segment_t* seg, void* p, size_t size);
 

@@ -56,6 +56,14 @@ static void double_free_mid(void) {
   free(p);
 }
 
+/* A huge block (from the arena) freed twice: its granules are free, and the
+ * second free finds no block there (it was reported as a foreign pointer). */
+static void double_free_huge(void) {
+  char* p = malloc((size_t)3 << 20);
+  free(p);
+  free(p);
+}
+
 /* A block of a page found full: its first free goes through the slow path. */
 static void double_free_full_page(void) {
   enum { N = 8192 };
@@ -159,6 +167,7 @@ int main(void) {
 #endif
   check_reported("double-mid", double_free_mid, "double free of");
   check_reported("double-full-page", double_free_full_page, "double free of");
+  check_reported("double-huge", double_free_huge, "double free of a huge block");
   check_reported("double-remote", double_free_remote, "double free of");
 #if HAK_SECURE /* (the release build's realloc does not look: docs/BENCHMARKS.md) */
   check_reported("realloc-freed-small", realloc_freed_small, "double free of");
