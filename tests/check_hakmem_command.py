@@ -120,7 +120,8 @@ marker = os.path.join(a.work, "ran")
 for bad, say in ((["--set", "NO_SUCH_OPTION=1"], "unknown option"),
                  (["--set", "PURGE_DELAY_MS=soon"], "invalid value"),
                  (["--set", "THP=sometimes"], "system, on, off"),
-                 (["--set", "PURGE_DELAY_MS"], "NAME=VALUE")):
+                 (["--set", "PURGE_DELAY_MS"], "NAME=VALUE"),
+                 (["--set", "=1"], "NAME=VALUE")):
     if os.path.exists(marker):
         os.unlink(marker)
     r = hakmem("run", *bad, "--", "sh", "-c", "touch " + marker)
@@ -128,6 +129,11 @@ for bad, say in ((["--set", "NO_SUCH_OPTION=1"], "unknown option"),
           "run %s: refused (%s)" % (" ".join(bad), say), r.stderr)
 check("PURGE_DELAY_MS" in hakmem("run", "--set", "NO_SUCH_OPTION=1", "--", "true").stderr,
       "run --set with an unknown name lists the options")
+# HAKMEM_PROF in the environment picks the profiling library, as --prof does.
+r = hakmem("run", "--", a.probe, env={"HAKMEM_PROF": "file:" + os.path.join(a.work, "env.heap")})
+out = probe_out(r)
+check(r.returncode == 0 and "hakmem-prof" in os.path.basename(out.get("LD_PRELOAD") or ""),
+      "run with HAKMEM_PROF set: the profiling library", r.stdout + r.stderr)
 check(hakmem("run").returncode != 0, "run without a program fails")
 check(hakmem("run", "--", "/nonexistent/program").returncode == 127, "run: a missing program: 127")
 
