@@ -386,6 +386,7 @@ void hak_prof_moved(const void* from, const void* to, size_t size) {
  * handler and at exit. */
 typedef struct prof_out_s {
   int fd;
+  int err; /* the first write's failure (0: none) */
   size_t len;
   char buf[4096];
 } prof_out_t;
@@ -395,7 +396,10 @@ static void out_flush(prof_out_t* o) {
   while (done < o->len) {
     ssize_t n = write(o->fd, o->buf + done, o->len - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n <= 0) {
+      if (o->err == 0) o->err = n < 0 ? errno : EIO;
+      break;
+    }
     done += (size_t)n;
   }
   o->len = 0;
@@ -471,6 +475,7 @@ static bool prof_write_now(const char* path) {
   }
   prof_out_t o;
   o.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  o.err = 0;
   o.len = 0;
   if (o.fd < 0) return false;
   size_t lc = 0, lb = 0, ac = 0, ab = 0;
@@ -509,7 +514,10 @@ static bool prof_write_now(const char* path) {
     close(maps);
   }
   out_flush(&o);
-  return close(o.fd) == 0;
+  int err = o.err; /* (a full disk: the profile is cut short) */
+  if (close(o.fd) != 0 && err == 0) err = errno;
+  errno = err;
+  return err == 0;
 }
 
 HAK_API int hak_prof_write(const char* path) {

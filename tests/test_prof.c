@@ -269,6 +269,7 @@ static void test_on(void) {
   for (size_t i = 0; i < LEAKS; i++) free(leaked[i]);
   for (int i = 0; i < HUGE_KEPT; i++) free(huge_kept[i]);
   CHECK(hak_prof_write(path) == 0);
+  CHECK(hak_prof_write("/dev/full") == ENOSPC); /* a write that fails is an error, not only the open */
   REQUIRE(profile_read(path, prof));
   CHECK(profile_live_estimate(prof, "leaky_function", &samples) == 0);
   CHECK(profile_live_estimate(prof, "huge_function", &samples) == 0);
