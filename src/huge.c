@@ -671,6 +671,7 @@ bool hak_huge_arena_free_at(const void* p) {
     const arena_chunk_t* ch = &hak_arena[c];
     if (ch->base == NULL || (const uint8_t*)p < ch->base || (const uint8_t*)p >= ch->base + ARENA_CHUNK) continue;
     free_granule = bit_get(ch->free, (unsigned)(((const uint8_t*)p - ch->base) / ARENA_GRANULE));
+    break;
   }
   pthread_mutex_unlock(&huge_lock);
   return free_granule;

@@ -225,14 +225,14 @@ HAK_API void hak_stats_reset(void) {
 typedef struct out_s {
   int fd;
   FILE* file;
-  bool failed; /* a write to fd failed (errno says why) */
+  int err; /* why a write to fd failed (0: none has) */
 } out_t;
 
 static void put(out_t* o, const char* s) {
   if (o->file != NULL)
     fputs(s, o->file);
-  else if (!o->failed)
-    o->failed = !hak_write_fd(o->fd, s);
+  else if (o->err == 0 && !hak_write_fd(o->fd, s))
+    o->err = errno != 0 ? errno : EIO;
 }
 
 /* bytes as "12.3 MiB" */
@@ -356,14 +356,14 @@ static void report_json(out_t* o, const hak_stats_t* st) {
 void hak_stats_report_fd(int fd) {
   hak_stats_t st;
   hak_stats_get(&st);
-  out_t o = {fd, NULL, false};
+  out_t o = {fd, NULL, 0};
   report(&o, &st);
 }
 
 HAK_API void hak_stats_print(FILE* file) {
   hak_stats_t st;
   hak_stats_get(&st);
-  out_t o = {2, file, false};
+  out_t o = {2, file, 0};
   report(&o, &st);
   if (file != NULL) fflush(file);
 }
@@ -390,9 +390,9 @@ HAK_API int hak_stats_write_json(const char* path) {
   }
   hak_stats_t st;
   hak_stats_get(&st);
-  out_t o = {fd, NULL, false};
+  out_t o = {fd, NULL, 0};
   report_json(&o, &st);
-  int err = o.failed ? errno : 0;
+  int err = o.err;
   if (close(fd) != 0 && err == 0) err = errno; /* (the lock goes with it) */
   if (err == 0) return 0;
   errno = err;
