@@ -909,6 +909,32 @@ static void test_trim(void) {
   CHECK(live_intact());
 }
 
+/* Huge blocks of the arena freed, then, the delay past, only blocks above
+ * 64 MiB (mappings of their own): the arena's backed granules are purged as
+ * such a block is made, not kept for as long as no arena block comes (a
+ * review found 400 MB kept). */
+static void test_huge_own_mappings_purge(void) {
+  if (HAK_POLICY(purge_delay_ms) <= 0 || HAK_POLICY(purge_delay_ms) > 1000) return;
+  enum { N = 8 };
+  char* blocks[N];
+  for (int i = 0; i < N; i++) {
+    blocks[i] = malloc(4 * MIB);
+    REQUIRE(blocks[i] != NULL);
+    memset(blocks[i], 1, 4 * MIB);
+  }
+  for (int i = 0; i < N; i++) free(blocks[i]);
+  size_t reserved, dirty, free_bytes;
+  hak_huge_arena_info(&reserved, &dirty, &free_bytes);
+  CHECK(dirty >= 16 * MIB); /* (kept for the delay) */
+  sleep_ms(2 * HAK_POLICY(purge_delay_ms) + 20);
+  char* big = malloc(100 * MIB);
+  REQUIRE(big != NULL);
+  big[0] = 1;
+  free(big);
+  hak_huge_arena_info(&reserved, &dirty, &free_bytes);
+  CHECK(dirty == 0);
+}
+
 /* Blocks that threads made and ended, then freed by this one (remote frees
  * into the abandoned heaps): malloc_trim(0) gives them back at once, not
  * when some other thread next ends (a review found 80 MB held). */
@@ -1350,6 +1376,7 @@ int main(int argc, char** argv) {
   in_new_thread(realloc_in_place_thread);
   in_new_thread(realloc_chain_thread);
   test_trim();
+  test_huge_own_mappings_purge();
   test_trim_exited();
   test_trim_global();
   test_mallinfo();
