@@ -625,6 +625,13 @@ void hak_huge_purge_if_due(uint32_t now_ms) {
   pthread_mutex_unlock(&huge_lock);
 }
 
+/* The process-wide caches' memory that has waited the delay: free segments
+ * and the arena's granules. */
+void hak_caches_purge_if_due(uint32_t now_ms) {
+  hak_segment_cache_purge(now_ms, false);
+  hak_huge_purge_if_due(now_ms);
+}
+
 /* Purges every dirty granule and unmaps the chunks with nothing in use
  * (malloc_trim, and a mapping that failed).  Returns whether it gave back
  * anything. */
@@ -1052,9 +1059,7 @@ void* hak_huge_alloc(size_t size, size_t align, bool zero) {
   /* A mapping of its own: the arena's and the segment cache's memory that
    * has waited the delay goes first (a program past its arena phase, using
    * only blocks above 64 MiB, kept it all: a review found 400 MB). */
-  uint32_t now = hak_now_ms();
-  hak_huge_purge_if_due(now);
-  hak_segment_cache_purge(now, false);
+  hak_caches_purge_if_due(hak_now_ms());
   /* The header sits on a 2 MiB boundary; with a larger alignment, that
    * boundary is one segment below an aligned address.  The mapping kept is
    * at most size + alignment (plus a page of rounding). */

@@ -1012,6 +1012,7 @@ void hak_huge_unlock(void);
 void hak_huge_free(hak_segment_t* seg);
 bool hak_huge_cache_flush(void);
 void hak_huge_purge_if_due(uint32_t now_ms);
+void hak_caches_purge_if_due(uint32_t now_ms);
 void hak_huge_purge_for_growth(void);
 hak_segment_t* hak_huge_take_granule(void);
 void hak_huge_arena_info(size_t* reserved, size_t* dirty_bytes, size_t* free_bytes);

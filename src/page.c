@@ -448,8 +448,7 @@ static HAK_NOINLINE void heap_purge_oldest(hak_heap_t* heap, uint32_t now_ms, si
  * page events' check stays a leaf). */
 static HAK_NOINLINE void heap_look_at_caches(hak_heap_t* heap, uint32_t now_ms) {
   heap->purge_looked_ms = now_ms;
-  hak_segment_cache_purge(now_ms, false);
-  hak_huge_purge_if_due(now_ms);
+  hak_caches_purge_if_due(now_ms);
   hak_heaps_sweep(heap, now_ms, false);
   if (HAK_POLICY(learn)) hak_learn_step(now_ms);
 }
