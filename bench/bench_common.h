@@ -13,6 +13,7 @@
  * - bench_malloc_from(): the object that actually defines the `malloc`
  *                       this process calls (dlsym + dladdr), a cross-check.
  * - bench_peak_rss_kib(): VmHWM of this process (see below).
+ * - bench_rss_kib():    its resident set now, from /proc/self/statm.
  * - bench_option():     splits "--name value" / "--name=value" arguments.
  * - bench_touch_pages(): writes one byte in every page of a range.
  * - bench_report_tail(): the common end of every result line.
@@ -27,11 +28,13 @@
 #endif
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BENCH_ESCAPE(p) __asm__ volatile("" : : "r"(p) : "memory")
 
@@ -176,6 +179,25 @@ static inline long bench_peak_rss_kib(void)
         fclose(f);
     }
     return kib;
+}
+
+/* Resident set of this process now in KiB (the second field of
+ * /proc/self/statm, in pages); -1 if unavailable.  Read with open and read,
+ * not stdio, so that it allocates nothing: a call between the benchmark's
+ * own mallocs leaves the allocator as it was. */
+static inline long bench_rss_kib(void)
+{
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    const char *p = strchr(buf, ' ');
+    return p ? atol(p + 1) * (sysconf(_SC_PAGESIZE) / 1024) : -1;
 }
 
 /* Command-line helper: argv[*i] must be "--name=value" or "--name" followed

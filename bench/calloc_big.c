@@ -27,18 +27,6 @@
 
 #include "bench_common.h"
 
-static long rss_kib(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long size = 0, resident = 0;
-    if (f == NULL)
-        return -1;
-    if (fscanf(f, "%ld %ld", &size, &resident) != 2)
-        resident = -1;
-    fclose(f);
-    return resident < 0 ? -1 : resident * 4;
-}
-
 int main(int argc, char **argv)
 {
     uint64_t size = 512 << 10, count = 500, rounds = 3;
@@ -100,7 +88,7 @@ int main(int argc, char **argv)
         }
         round_ms[r] = (bench_now() - t0) * 1e3;
         if (r == 0)
-            rss_first = rss_kib();
+            rss_first = bench_rss_kib();
         for (uint64_t k = 0; k < count; k++)
             free(blocks[k]);
     }

@@ -66,18 +66,6 @@ static void large_op(uint64_t r, uint64_t ws, uint64_t min, uint64_t span)
     slots[idx] = q;
 }
 
-static long rss_kib(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long size = 0, resident = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &size, &resident) != 2)
-            resident = 0;
-        fclose(f);
-    }
-    return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 int main(int argc, char **argv)
 {
     uint64_t rounds = 5, seed = 1;
@@ -131,7 +119,7 @@ int main(int argc, char **argv)
                 mixed_op(slots, xorshift64s(&s), n, 400, 16, 1009, "phases");
             nanosleep(&ms, NULL);
         }
-        idle_rss_sum += rss_kib();
+        idle_rss_sum += bench_rss_kib();
         free_slots(400);
     }
     uint64_t total = ops[TINY] + ops[MID] + ops[LARGE];

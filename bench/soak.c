@@ -63,21 +63,6 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static long rss_kib(void)
-{
-    static long page_kib;
-    if (!page_kib)
-        page_kib = sysconf(_SC_PAGESIZE) / 1024;
-    long size = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%ld %ld", &size, &resident) != 2)
-            resident = 0;
-        fclose(f);
-    }
-    return resident * page_kib;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -180,7 +165,7 @@ int main(int argc, char **argv)
         uint64_t ops = 0;
         for (unsigned t = 0; t < threads; t++)
             ops += atomic_load_explicit(&workers[t].ops, memory_order_relaxed);
-        const long rss = rss_kib();
+        const long rss = bench_rss_kib();
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         const double mops = now > prev_t ? (double)(ops - prev_ops) / (now - prev_t) / 1e6 : 0;

@@ -71,21 +71,6 @@ static void *producer(void *arg)
 }
 
 /* Resident KiB now, from /proc/self/statm (no stdio: nothing allocated). */
-static long rss_kib(void)
-{
-    char buf[128];
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    const char *p = strchr(buf, ' ');
-    return p ? atol(p + 1) * (sysconf(_SC_PAGESIZE) / 1024) : -1;
-}
-
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next_random(void)
 {
@@ -176,15 +161,15 @@ int main(int argc, char **argv)
         }
         if (freed == opt_blocks) {
             if (rss_freed < 0) {
-                rss_freed = rss_kib();
+                rss_freed = bench_rss_kib();
                 freed_at = bench_now();
-            } else if (drop_at < 0 && rss_kib() < rss_freed / 2) {
+            } else if (drop_at < 0 && bench_rss_kib() < rss_freed / 2) {
                 drop_at = bench_now() - freed_at;
             }
         }
         usleep(1000);
     }
-    long rss_idle = rss_kib();
+    long rss_idle = bench_rss_kib();
     for (int k = 0; k < 64; k++)
         free(own[k]);
     pthread_mutex_lock(&lock);
@@ -196,7 +181,7 @@ int main(int argc, char **argv)
            " rss_freed_kib=%ld rss_halved_s=%.2f rss_idle_kib=%ld rss_end_kib=%ld",
            (unsigned long long)opt_blocks, (unsigned long long)opt_size, opt_seconds,
            (unsigned long long)freed, (double)freed / (double)opt_blocks, worst * 1e6,
-           total / (double)calls * 1e9, (unsigned long long)calls, rss_freed, drop_at, rss_idle, rss_kib());
+           total / (double)calls * 1e9, (unsigned long long)calls, rss_freed, drop_at, rss_idle, bench_rss_kib());
     bench_report_tail();
     while (freed < opt_blocks)
         free(blocks[freed++]);

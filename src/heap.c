@@ -86,7 +86,7 @@ static void heap_reset_current(hak_heap_t* heap) {
 /* A heap's kind, read by another thread (a starting thread, an heir). */
 static inline int hak_heap_kind(hak_heap_t* heap) { return __atomic_load_n(&heap->kind, __ATOMIC_RELAXED); }
 
-static hak_heap_t* thread_heap_init(hak_heap_t* want);
+static hak_heap_t* thread_heap_init(hak_heap_t* want, bool dispatcher);
 static bool heap_absorb_heir(hak_heap_t* heap);
 static void heap_absorb(hak_heap_t* heap, hak_heap_t* from);
 
@@ -294,10 +294,21 @@ static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t*
  * another thread's abandoned one, which that thread's successor will look
  * for) that absorbs the old one on a refill once it is abandoned
  * (heap_absorb_heir).  Either way the frees of the blocks it
- * inherited are local from then on. */
+ * inherited are local from then on.
+ *
+ * A thread that has outlived the wait of HAK_DISPATCHER_HEIRS such new
+ * threads is not about to end: it hands work to new threads (a server's
+ * accepting thread).  Its next ones take the heap of an earlier one of
+ * them that has ended, the longest ended first (its blocks the likeliest
+ * freed by now: the newest first left the others' memory idle), else a
+ * spare or new heap.  (Each taking a heap of its own, a server starting a
+ * thread a request held a heap for each response in flight: 941 heaps, and
+ * a quarter of the peers' requests a second, docs/BENCHMARKS.md.) */
 static HAK_NOINLINE void heap_free_first(hak_segment_t* seg, hak_page_t* page, hak_heap_t* owner, hak_block_t* b) {
   for (int i = 0; i < HAK_HEIR_YIELDS && hak_heap_kind(owner) == HAK_HEAP_THREAD; i++) sched_yield();
-  hak_heap_t* self = thread_heap_init(owner);
+  bool dispatcher = hak_heap_kind(owner) == HAK_HEAP_THREAD &&
+                    __atomic_fetch_add(&owner->heirs_outlived, 1, __ATOMIC_RELAXED) >= HAK_DISPATCHER_HEIRS;
+  hak_heap_t* self = thread_heap_init(owner, dispatcher);
   if (self != NULL && hak_segment_heap(seg) == self) {
     hak_block_in(page, b);
     HAK_OBSERVE_ADD(self->stats.free_partial[hak_stat_class(page)]);
@@ -501,13 +512,21 @@ static void global_heap_collect(void) {
 
 /* Sets up the calling thread's heap: the abandoned heap want if it is in
  * the pool (else a spare or new one, heir of want), or with want NULL the
- * most recently abandoned one, else a spare one, else a new one. */
-static hak_heap_t* thread_heap_init(hak_heap_t* want) {
+ * most recently abandoned one, else a spare one, else a new one.  With
+ * dispatcher, want's thread hands work to new threads: the longest abandoned
+ * heap of another of them (one no new thread of its own waited for), else a
+ * spare or new one. */
+static hak_heap_t* thread_heap_init(hak_heap_t* want, bool dispatcher) {
   hak_process_init();
   global_heap_collect();
   pthread_mutex_lock(&heaps_lock);
   hak_heap_t** at = &abandoned_pool;
-  if (want != NULL)
+  if (dispatcher) {
+    hak_heap_t** oldest = NULL;
+    for (; *at != NULL; at = &(*at)->pool_next)
+      if ((*at)->served == want && __atomic_load_n(&(*at)->heirs_outlived, __ATOMIC_RELAXED) == 0) oldest = at;
+    if (oldest != NULL) at = oldest;
+  } else if (want != NULL)
     while (*at != NULL && *at != want) at = &(*at)->pool_next;
   hak_heap_t* heap = *at;
   if (heap != NULL) {
@@ -520,7 +539,9 @@ static hak_heap_t* thread_heap_init(hak_heap_t* want) {
   }
   pthread_mutex_unlock(&heaps_lock);
   if (heap == NULL) return NULL;
-  heap->heir_of = heap == want ? NULL : want;
+  heap->heir_of = heap == want || dispatcher ? NULL : want;
+  heap->served = heap == want ? NULL : want;
+  __atomic_store_n(&heap->heirs_outlived, 0, __ATOMIC_RELAXED);
   heap->pool_next = NULL;
   __atomic_store_n(&heap->kind, HAK_HEAP_THREAD, __ATOMIC_RELAXED); /* read by heirs */
   heap->tid = hak_thread_id();
@@ -533,14 +554,17 @@ static hak_heap_t* thread_heap_init(hak_heap_t* want) {
   return heap;
 }
 
-hak_heap_t* hak_thread_heap_init(void) { return thread_heap_init(NULL); }
+hak_heap_t* hak_thread_heap_init(void) { return thread_heap_init(NULL, false); }
 
 /* Gives back what a heap whose thread has ended holds without using: the
- * pages its remote frees empty, its empty pages, with pages the carved memory
- * above the blocks in use of the others, and the memory of its free units
- * unless they are few (a thread that hands its blocks to the next, as servers
- * do, would otherwise fault the same pages in again; for the same reason an
- * exiting thread's own pages are not trimmed: the next thread adopts them). */
+ * pages its remote frees empty and its empty pages go back to their
+ * segments, with pages the carved memory above the blocks in use of the
+ * others is purged, and the free units that have waited the purge delay.
+ * The others wait on in the pool as a live heap's would (pooled_purge_if_due):
+ * where threads come and go, the next thread adopts the heap and reuses them,
+ * and purged at once they were faulted in again by each new thread (a server
+ * starting a thread a request spent most of its time so, docs/BENCHMARKS.md).
+ * For the same reason an exiting thread's own pages are not trimmed. */
 static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
   hak_remote_collect(heap);
   uint32_t now = hak_now_ms();
@@ -557,8 +581,14 @@ static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
     }
   }
   hak_heap_flush_empty(heap);
-  hak_heap_purge(heap, hak_now_ms(),
-                 HAK_POLICY(purge_delay_ms) >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
+  hak_heap_purge(heap, hak_now_ms(), false);
+}
+
+/* A pooled heap's free units that have waited the purge delay (under the
+ * heaps lock): when a thread ends, and on the sweeper's look. */
+static void pooled_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
+  if ((heap->dirty_units != 0 || heap->empty.first != NULL) && (int32_t)(now_ms - heap->purge_due_ms) >= 0)
+    hak_heap_purge(heap, now_ms, false);
 }
 
 /* Frees that reached abandoned heaps are collected whenever a thread ends.
@@ -571,6 +601,7 @@ static void abandoned_collect(void) {
   pthread_mutex_lock(&heaps_lock);
   for (hak_heap_t** at = &abandoned_pool; *at != NULL;) {
     hak_heap_t* h = *at;
+    pooled_purge_if_due(h, hak_now_ms());
     if (hak_remote_pending(h)) {
       heap_trim_abandoned(h, true);
       if (h->segments == NULL && h->full_segments == NULL) { /* nothing left: a spare heap */
@@ -731,6 +762,9 @@ void hak_heaps_sweep(hak_heap_t* self, uint32_t now_ms, bool all) {
     budget = since >= 4 * HAK_SWEEP_STEP_MS ? HAK_SWEEP_WALK_MAX
              : HAK_SWEEP_WALK_MAX / 4 * (since < HAK_SWEEP_STEP_MS ? 1 : since / HAK_SWEEP_STEP_MS);
   last_ms = now_ms;
+  /* Ended threads' heaps that no thread took give their memory back here
+   * once it has waited the delay, as live heaps do on their page events. */
+  for (hak_heap_t* h = abandoned_pool; h != NULL; h = h->pool_next) pooled_purge_if_due(h, now_ms);
   for (hak_heap_t* h = all_heaps; h != NULL; h = h->all_next) {
     if (h == self) {
       hak_remote_sweep_end(h); /* (awake) */

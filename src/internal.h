@@ -136,8 +136,10 @@ void hak_heap_check(struct hak_heap_s* heap);
  * the units of its segments, and at least this many (16 MiB);
  * beyond, the oldest are purged. */
 #define HAK_DIRTY_UNITS_MAX 256
-/* Free units an exiting thread's heap may keep backed (128 KiB). */
-#define HAK_EXIT_DIRTY_UNITS_KEEP 2
+/* New threads whose first act freed a block of a live thread's heap and that
+ * found it live after their wait, before that thread counts as one handing
+ * work to new threads (heap.c, heap_free_first); larson starts 8 from one. */
+#define HAK_DISPATCHER_HEIRS 16
 /* Above this a block gets a mapping of its own (a huge segment). */
 #define HAK_LARGE_MAX ((size_t)1 << 20)
 #define HAK_REALLOC_HOMES 8 /* live one-unit realloc homes per heap (alloc.c) */
@@ -296,6 +298,10 @@ struct hak_heap_s {
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* heir_of;                  /* a live heap whose block this thread freed first, */
                                         /* absorbed on a refill once abandoned (heap.c) */
+  hak_heap_t* served;                   /* the heap whose block this thread freed first while */
+                                        /* that heap's thread ran (heap_free_first) */
+  uint32_t heirs_outlived;              /* new threads that freed its block first and found */
+                                        /* its thread running after their wait (atomic) */
   uint32_t abandoned_ms;                /* when its thread ended (in the abandoned pool) */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */

@@ -520,6 +520,7 @@ static void heap_purge_units(hak_heap_t* heap, uint32_t now_ms, bool all, uint32
  * it emptied, so they go in the same pass. */
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all) {
   int32_t delay = HAK_POLICY(purge_delay_ms);
+  if (delay < 0 && !all) return; /* (-1: only malloc_trim purges) */
   all = all || delay == 0;
   uint32_t due = now_ms + (uint32_t)delay;
   while (heap->empty.last != NULL) { /* oldest last */

@@ -1042,6 +1042,91 @@ static void test_absorb_after_delay(void) {
   for (int k = WAITING; k < 64; k++) hak_free(left_blocks[k]);
 }
 
+/* A thread handing each request to a new thread whose first act frees it
+ * (a server's accepting thread): past HAK_DISPATCHER_HEIRS of them, each
+ * new thread takes the heap an earlier one left, the longest left first,
+ * instead of one of its own each while their responses live. */
+enum { REQUESTS = 3 * HAK_DISPATCHER_HEIRS };
+static void* responses[REQUESTS];
+static hak_heap_t* worker_heaps[REQUESTS];
+struct request {
+  void* block;
+  int index;
+};
+
+static void* request_worker(void* arg) {
+  struct request* rq = arg;
+  hak_free(rq->block); /* its first act: a block of the accepting thread, which runs on */
+  responses[rq->index] = hak_malloc(200);
+  worker_heaps[rq->index] = hak_tls_heap;
+  return NULL; /* its response outlives it */
+}
+
+static void* accepting_thread(void* arg) {
+  (void)arg;
+  size_t heaps = atomic_load(&hak_counters.heaps);
+  for (int i = 0; i < REQUESTS; i++) {
+    struct request rq = {hak_malloc(100), i};
+    pthread_t t;
+    REQUIRE(rq.block != NULL && pthread_create(&t, NULL, request_worker, &rq) == 0);
+    pthread_join(t, NULL);
+  }
+  int reused = 0;
+  for (int i = HAK_DISPATCHER_HEIRS; i < REQUESTS; i++)
+    reused += worker_heaps[i] == worker_heaps[i - HAK_DISPATCHER_HEIRS];
+  CHECK(reused == REQUESTS - HAK_DISPATCHER_HEIRS);
+  /* (Its own, and at most one for each of the first new threads.) */
+  CHECK(atomic_load(&hak_counters.heaps) <= heaps + 1 + HAK_DISPATCHER_HEIRS);
+  for (int i = 0; i < REQUESTS; i++) hak_free(responses[i]);
+  return NULL;
+}
+
+static void test_dispatcher_heirs(void) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, accepting_thread, NULL) == 0);
+  pthread_join(t, NULL);
+}
+
+/* An exiting thread's heap keeps its free units backed, for the next thread
+ * to take; in the pool they are purged once they have waited the delay (on
+ * the sweeper's look here), and never with a delay of -1 (which purged them
+ * all at the thread's exit). */
+static void* unit_leaver(void* arg) {
+  (void)arg;
+  enum { N = 8 };
+  void* big[N];
+  left_blocks[0] = hak_malloc(64); /* a block kept: its heap stays in the pool */
+  for (int i = 0; i < N; i++) {
+    REQUIRE((big[i] = hak_malloc(200 << 10)) != NULL);
+    memset(big[i], 1, 200 << 10);
+  }
+  for (int i = 0; i < N; i++) hak_free(big[i]);
+  leaver_heap = hak_tls_heap;
+  return NULL;
+}
+
+static void test_exit_keeps_units(void) {
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", 50) == 0);
+  pthread_t t;
+  pthread_create(&t, NULL, unit_leaver, NULL);
+  pthread_join(t, NULL);
+  hak_heap_t* left = leaver_heap;
+  CHECK(left->kind == HAK_HEAP_EMPTY && left->dirty_units >= 8 * 3);
+  /* A look past the delay (and past the times of the sweep tests). */
+  hak_heaps_sweep(hak_tls_heap, hak_now_ms() + 20000000, false);
+  CHECK(left->dirty_units == 0);
+  hak_free(left_blocks[0]);
+
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", -1) == 0);
+  size_t purged = atomic_load(&hak_counters.purged_bytes);
+  pthread_create(&t, NULL, unit_leaver, NULL);
+  pthread_join(t, NULL);
+  CHECK(((hak_heap_t*)leaver_heap)->dirty_units >= 8 * 3);
+  CHECK(atomic_load(&hak_counters.purged_bytes) == purged);
+  hak_free(left_blocks[0]);
+  REQUIRE(hak_option_set("PURGE_DELAY_MS", 100) == 0);
+}
+
 /* ---- huge blocks ------------------------------------------------------------ */
 
 static size_t counter(_Atomic size_t* c) { return atomic_load(c); }
@@ -1131,6 +1216,8 @@ int main(void) {
   test_abandon_adopt();
   test_absorb_after_delay();
   test_remote_stack(); /* (its thread's heap, left in the pool, would be the sweep tests') */
+  test_dispatcher_heirs();
+  test_exit_keeps_units(); /* (after the sweep tests: it looks later than they do) */
   test_huge_cache_and_remap();
   test_invariant_check();
   return hak_test_result("test_units");
