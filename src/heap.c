@@ -556,37 +556,44 @@ static hak_heap_t* thread_heap_init(hak_heap_t* want, bool dispatcher) {
 
 hak_heap_t* hak_thread_heap_init(void) { return thread_heap_init(NULL, false); }
 
-/* Gives back what a heap whose thread has ended holds without using: the
- * pages its remote frees empty and its empty pages go back to their
- * segments, with pages the carved memory above the blocks in use of the
- * others is purged, and the free units that have waited the purge delay.
- * The others wait on in the pool as a live heap's would (pooled_purge_if_due):
- * where threads come and go, the next thread adopts the heap and reuses them,
- * and purged at once they were faulted in again by each new thread (a server
- * starting a thread a request spent most of its time so, docs/BENCHMARKS.md).
- * For the same reason an exiting thread's own pages are not trimmed. */
-static void heap_trim_abandoned(hak_heap_t* heap, bool pages) {
-  hak_remote_collect(heap);
-  uint32_t now = hak_now_ms();
+/* Gives back the pages of a heap without a thread (in the pool, under the
+ * heaps lock, or being absorbed) that hold no block: with retire, its current
+ * pages are unpinned first and every such page goes back to its segment, as
+ * units free since freed_ms; with trim, the others have the carved memory
+ * above their blocks in use purged (free blocks back in address order, so
+ * that the next owner fills the lowest first).  Then its kept empty pages and
+ * spares go back too. */
+static void heap_pages_give_back(hak_heap_t* heap, uint32_t freed_ms, bool retire, bool trim) {
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
-    hak_heap_use_page(heap, c, &hak_page_empty); /* lets the current page retire too */
+    if (retire) hak_heap_use_page(heap, c, &hak_page_empty); /* lets the current page retire too */
     for (hak_page_t *page = heap->queue[c].first, *next; page != NULL; page = next) {
       next = page->next;
       if (page->used == 0) {
         hak_queue_remove(&heap->queue[c], page);
-        hak_page_retire(heap, page, now);
-      } else if (pages) {
+        hak_page_retire(heap, page, freed_ms);
+      } else if (trim) {
         hak_page_trim(page);
       }
     }
   }
   hak_heap_flush_empty(heap);
-  hak_heap_purge(heap, hak_now_ms(), false);
 }
 
-/* A pooled heap's free units that have waited the purge delay (under the
- * heaps lock): when a thread ends, and on the sweeper's look. */
+/* A heap in the abandoned pool (under the heaps lock), when a thread ends and
+ * on the sweeper's look: once it has waited the purge delay there untaken,
+ * its current pages go back to their segments if empty and are trimmed if
+ * not; then, as a live heap's, its free units that have waited the delay are
+ * purged.  Until then its current pages stay as its thread left them: the
+ * next thread to take the heap goes on with them (a server starting a thread
+ * a request had each exit retire them and purge their units, and each new
+ * thread make them again and fault them in, docs/BENCHMARKS.md). */
 static void pooled_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
+  int32_t delay = HAK_POLICY(purge_delay_ms);
+  if (delay < 0) return;
+  if (!heap->pool_trimmed && (int32_t)(now_ms - heap->abandoned_ms - (uint32_t)delay) >= 0) {
+    heap_pages_give_back(heap, heap->abandoned_ms, true, true);
+    heap->pool_trimmed = true;
+  }
   if ((heap->dirty_units != 0 || heap->empty.first != NULL) && (int32_t)(now_ms - heap->purge_due_ms) >= 0)
     hak_heap_purge(heap, now_ms, false);
 }
@@ -595,7 +602,11 @@ static void pooled_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
  * Threads adopt the most recently abandoned heaps first, so without this a
  * heap deeper in the pool than threads come would keep every block freed since
  * it was abandoned.  The heaps stay in the pool (in place, under the lock), so
- * that a thread starting meanwhile still finds them. */
+ * that a thread starting meanwhile still finds them.  Their pages are trimmed
+ * then, and what is empty given back (thread churn's peak RSS 8.5-10.9 ->
+ * 7.1-7.7 MB), but not those of the heaps a server's threads hand on
+ * (served): the next of its threads takes one at once and would fault the
+ * memory in again (a third of the requests a second). */
 static void abandoned_collect(void) {
   if (__atomic_load_n(&abandoned_pool, __ATOMIC_RELAXED) == NULL) return;
   pthread_mutex_lock(&heaps_lock);
@@ -603,7 +614,11 @@ static void abandoned_collect(void) {
     hak_heap_t* h = *at;
     pooled_purge_if_due(h, hak_now_ms());
     if (hak_remote_pending(h)) {
-      heap_trim_abandoned(h, true);
+      hak_remote_collect(h);
+      if (h->served == NULL) {
+        heap_pages_give_back(h, hak_now_ms(), false, true);
+        hak_heap_purge(h, hak_now_ms(), false);
+      }
       if (h->segments == NULL && h->full_segments == NULL) { /* nothing left: a spare heap */
         __atomic_store_n(at, h->pool_next, __ATOMIC_RELAXED);
         h->pool_next = spare_pool;
@@ -616,15 +631,21 @@ static void abandoned_collect(void) {
   pthread_mutex_unlock(&heaps_lock);
 }
 
-/* Called at thread exit: give back what is empty, keep what is live, and put
- * the heap where the next thread (or a live one short of memory) takes it. */
+/* Called at thread exit: collect what others freed, give back the empty
+ * pages and the free units unless they are few (HAK_EXIT_DIRTY_UNITS_KEEP),
+ * keep the current pages (pooled_purge_if_due), and put the heap where the
+ * next thread (or a live one short of memory) takes it. */
 void hak_thread_heap_done(hak_heap_t* heap) {
   if (heap->kind != HAK_HEAP_THREAD) return;
   hak_remote_flush(heap);
   global_heap_collect();
   abandoned_collect();
   if (__atomic_load_n(&heap->sweep, __ATOMIC_RELAXED) != NULL) heap_sweep_back(heap); /* collected below */
-  heap_trim_abandoned(heap, false);
+  hak_remote_collect(heap);
+  uint32_t now = hak_now_ms();
+  heap->pool_trimmed = false;
+  hak_heap_flush_empty(heap);
+  hak_heap_purge(heap, now, HAK_POLICY(purge_delay_ms) >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
   if (__atomic_load_n(&hak_heap_dead.kind, __ATOMIC_ACQUIRE) != HAK_HEAP_DEAD) {
     pthread_mutex_lock(&heaps_lock);
     if (hak_heap_dead.kind != HAK_HEAP_DEAD) heap_sentinel_init(&hak_heap_dead, HAK_HEAP_DEAD);
@@ -634,7 +655,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   heap->heir_of = NULL;
   heap->tid = 0; /* a later thread may get this thread's id */
   hak_segments_set_owner(heap);
-  heap->abandoned_ms = hak_now_ms();
+  heap->abandoned_ms = now;
   pthread_mutex_lock(&heaps_lock);
   hak_remote_sweep_end(heap); /* (taken over meanwhile: the list waits for an heir) */
   hak_heap_t** pool = heap->segments || heap->full_segments ? &abandoned_pool : &spare_pool;
@@ -704,6 +725,7 @@ static HAK_NOINLINE bool heap_absorb_heir(hak_heap_t* heap) {
 /* Moves an abandoned heap, out of the pool, into the live heap. */
 static void heap_absorb(hak_heap_t* heap, hak_heap_t* from) {
   hak_remote_flush(heap); /* its frees of from's blocks reach from's list, collected below */
+  heap_pages_give_back(from, hak_now_ms(), true, false); /* (its current pages as its thread left them) */
   hak_segments_move(heap, from);
   hak_remote_take_reclaimed(heap, from);
   if (from->dirty_units != 0) { /* its free units not purged yet come along */
@@ -840,7 +862,10 @@ bool hak_trim(void) {
   if (hak_heap_global.kind == HAK_HEAP_GLOBAL) heap_trim_own(&hak_heap_global, now);
   pthread_mutex_lock(&heaps_lock);
   /* Pooled heaps are touched only under heaps_lock until a thread takes one. */
-  for (hak_heap_t* h = abandoned_pool; h != NULL; h = h->pool_next) hak_heap_purge(h, now, true);
+  for (hak_heap_t* h = abandoned_pool; h != NULL; h = h->pool_next) {
+    heap_pages_give_back(h, now, true, true);
+    hak_heap_purge(h, now, true);
+  }
   pthread_mutex_unlock(&heaps_lock);
   pthread_mutex_unlock(&global_heap_lock);
   hak_segment_cache_purge(now, true);

@@ -136,6 +136,8 @@ void hak_heap_check(struct hak_heap_s* heap);
  * the units of its segments, and at least this many (16 MiB);
  * beyond, the oldest are purged. */
 #define HAK_DIRTY_UNITS_MAX 256
+/* Free units an exiting thread's heap may keep backed (128 KiB). */
+#define HAK_EXIT_DIRTY_UNITS_KEEP 2
 /* New threads whose first act freed a block of a live thread's heap and that
  * found it live after their wait, before that thread counts as one handing
  * work to new threads (heap.c, heap_free_first); larson starts 8 from one. */
@@ -303,6 +305,7 @@ struct hak_heap_s {
   uint32_t heirs_outlived;              /* new threads that freed its block first and found */
                                         /* its thread running after their wait (atomic) */
   uint32_t abandoned_ms;                /* when its thread ended (in the abandoned pool) */
+  bool pool_trimmed;                    /* in the pool: its unused pages given back (heap.c) */
   int kind;                             /* HAK_HEAP_THREAD, _GLOBAL, or a sentinel */
   uintptr_t tid;                        /* the owner thread's id, 0 if none */
   hak_heap_t* all_next;                 /* every heap ever made (stats) */

@@ -641,8 +641,8 @@ static void long_finish(pthread_t owner, int count) {
   CHECK(long_heap->sweep == NULL);
   CHECK(remote_length(long_heap) == 0);
   size_t in_use = 0;
-  for (int i = 0; i < count; i++) in_use += hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])->used != 0;
-  in_use += hak_page_of(hak_segment_of(long_large), long_large)->used != 0;
+  for (int i = 0; i < count; i++) in_use += hak_page_used(hak_page_of(hak_segment_of(long_blocks[i]), long_blocks[i])) != 0;
+  in_use += hak_page_used(hak_page_of(hak_segment_of(long_large), long_large)) != 0;
   CHECK(in_use == 0);
 }
 
@@ -1087,15 +1087,16 @@ static void test_dispatcher_heirs(void) {
   pthread_join(t, NULL);
 }
 
-/* An exiting thread's heap keeps its free units backed, for the next thread
- * to take; in the pool they are purged once they have waited the delay (on
- * the sweeper's look here), and never with a delay of -1 (which purged them
- * all at the thread's exit). */
+/* An exiting thread's heap keeps its current pages for the next thread to
+ * take; in the pool, once it has waited the purge delay, they go back to
+ * their segments or are trimmed (on the sweeper's look here).  With a delay
+ * of -1 nothing is purged (its exit purged all its free units). */
 static void* unit_leaver(void* arg) {
   (void)arg;
   enum { N = 8 };
   void* big[N];
   left_blocks[0] = hak_malloc(64); /* a block kept: its heap stays in the pool */
+  hak_free(hak_malloc(64));
   for (int i = 0; i < N; i++) {
     REQUIRE((big[i] = hak_malloc(200 << 10)) != NULL);
     memset(big[i], 1, 200 << 10);
@@ -1105,16 +1106,19 @@ static void* unit_leaver(void* arg) {
   return NULL;
 }
 
-static void test_exit_keeps_units(void) {
+static void test_exit_keeps_current(void) {
   REQUIRE(hak_option_set("PURGE_DELAY_MS", 50) == 0);
   pthread_t t;
   pthread_create(&t, NULL, unit_leaver, NULL);
   pthread_join(t, NULL);
   hak_heap_t* left = leaver_heap;
-  CHECK(left->kind == HAK_HEAP_EMPTY && left->dirty_units >= 8 * 3);
+  hak_page_t* page = hak_page_of(hak_segment_of(left_blocks[0]), left_blocks[0]);
+  CHECK(left->kind == HAK_HEAP_EMPTY && left->current[page->cls] == page);
+  CHECK(left->dirty_units <= HAK_EXIT_DIRTY_UNITS_KEEP);
   /* A look past the delay (and past the times of the sweep tests). */
   hak_heaps_sweep(hak_tls_heap, hak_now_ms() + 20000000, false);
-  CHECK(left->dirty_units == 0);
+  CHECK(left->current[page->cls] == &hak_page_empty && hak_page_used(page) == 1);
+  CHECK(left->dirty_units == 0 && left->empty.first == NULL);
   hak_free(left_blocks[0]);
 
   REQUIRE(hak_option_set("PURGE_DELAY_MS", -1) == 0);
@@ -1217,7 +1221,7 @@ int main(void) {
   test_absorb_after_delay();
   test_remote_stack(); /* (its thread's heap, left in the pool, would be the sweep tests') */
   test_dispatcher_heirs();
-  test_exit_keeps_units(); /* (after the sweep tests: it looks later than they do) */
+  test_exit_keeps_current(); /* (after the sweep tests: it looks later than they do) */
   test_huge_cache_and_remap();
   test_invariant_check();
   return hak_test_result("test_units");
