@@ -391,7 +391,8 @@ void hak_heap_free_local(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
     __atomic_store_n(&page->in_full, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&page->div_magic, page->full_magic, __ATOMIC_RELAXED);
     hak_queue_push_back(&heap->queue[page->cls], page);
-    if (heap->queue[page->cls].first == page) hak_heap_set_current(heap, page->cls);
+    /* (Not in a heap of the pool: pinned, the page would never empty.) */
+    if (heap->queue[page->cls].first == page && heap->kind != HAK_HEAP_EMPTY) hak_heap_set_current(heap, page->cls);
   }
   if (--page->used == 0) hak_heap_page_empty(heap, page);
 }
@@ -540,7 +541,7 @@ static hak_heap_t* thread_heap_init(hak_heap_t* want, bool dispatcher) {
   pthread_mutex_unlock(&heaps_lock);
   if (heap == NULL) return NULL;
   heap->heir_of = heap == want || dispatcher ? NULL : want;
-  heap->served = heap == want ? NULL : want;
+  heap->served = dispatcher ? want : NULL;
   __atomic_store_n(&heap->heirs_outlived, 0, __ATOMIC_RELAXED);
   heap->pool_next = NULL;
   __atomic_store_n(&heap->kind, HAK_HEAP_THREAD, __ATOMIC_RELAXED); /* read by heirs */
@@ -581,12 +582,13 @@ static void heap_pages_give_back(hak_heap_t* heap, uint32_t freed_ms, bool retir
 
 /* A heap in the abandoned pool (under the heaps lock), when a thread ends and
  * on the sweeper's look: once it has waited the purge delay there untaken,
- * its current pages go back to their segments if empty and are trimmed if
- * not; then, as a live heap's, its free units that have waited the delay are
- * purged.  Until then its current pages stay as its thread left them: the
- * next thread to take the heap goes on with them (a server starting a thread
- * a request had each exit retire them and purge their units, and each new
- * thread make them again and fault them in, docs/BENCHMARKS.md). */
+ * a dispatcher's thread's heap gives its current pages back to their
+ * segments if empty and trims them if not, and every heap's pages are
+ * trimmed; then, as a live heap's, its free units that have waited the delay
+ * are purged.  Until then a dispatcher's thread's heap keeps its current
+ * pages as its thread left them: the next of its threads goes on with them
+ * (retired at each exit and their units purged, each new thread made them
+ * again and faulted them in, docs/BENCHMARKS.md). */
 static void pooled_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
   int32_t delay = HAK_POLICY(purge_delay_ms);
   if (delay < 0) return;
@@ -633,8 +635,11 @@ static void abandoned_collect(void) {
 
 /* Called at thread exit: collect what others freed, give back the empty
  * pages and the free units unless they are few (HAK_EXIT_DIRTY_UNITS_KEEP),
- * keep the current pages (pooled_purge_if_due), and put the heap where the
- * next thread (or a live one short of memory) takes it. */
+ * and put the heap where the next thread (or a live one short of memory)
+ * takes it.  The heap of a dispatcher's thread keeps its current pages, with
+ * their free blocks, for the next of them (pooled_purge_if_due); others
+ * retire them if empty (a heap nobody takes would keep them for as long as no
+ * thread ends and the sweeper does not look). */
 void hak_thread_heap_done(hak_heap_t* heap) {
   if (heap->kind != HAK_HEAP_THREAD) return;
   hak_remote_flush(heap);
@@ -643,8 +648,8 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   if (__atomic_load_n(&heap->sweep, __ATOMIC_RELAXED) != NULL) heap_sweep_back(heap); /* collected below */
   hak_remote_collect(heap);
   uint32_t now = hak_now_ms();
-  heap->pool_trimmed = false;
-  hak_heap_flush_empty(heap);
+  heap->pool_trimmed = heap->served == NULL;
+  heap_pages_give_back(heap, now, heap->served == NULL, false);
   hak_heap_purge(heap, now, HAK_POLICY(purge_delay_ms) >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
   if (__atomic_load_n(&hak_heap_dead.kind, __ATOMIC_ACQUIRE) != HAK_HEAP_DEAD) {
     pthread_mutex_lock(&heaps_lock);

@@ -300,8 +300,8 @@ struct hak_heap_s {
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* heir_of;                  /* a live heap whose block this thread freed first, */
                                         /* absorbed on a refill once abandoned (heap.c) */
-  hak_heap_t* served;                   /* the heap whose block this thread freed first while */
-                                        /* that heap's thread ran (heap_free_first) */
+  hak_heap_t* served;                   /* the heap of the dispatcher whose block its thread */
+                                        /* freed first, else NULL (heap_free_first) */
   uint32_t heirs_outlived;              /* new threads that freed its block first and found */
                                         /* its thread running after their wait (atomic) */
   uint32_t abandoned_ms;                /* when its thread ended (in the abandoned pool) */

@@ -2,6 +2,8 @@
  * page carving, the segment map, unit runs in a segment, remote frees and
  * heap abandonment.  Linked with hakmem_api (no malloc override). */
 #include <pthread.h>
+#include <semaphore.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -1044,14 +1046,16 @@ static void test_absorb_after_delay(void) {
 
 /* A thread handing each request to a new thread whose first act frees it
  * (a server's accepting thread): past HAK_DISPATCHER_HEIRS of them, each
- * new thread takes the heap an earlier one left, the longest left first,
- * instead of one of its own each while their responses live. */
-enum { REQUESTS = 3 * HAK_DISPATCHER_HEIRS };
-static void* responses[REQUESTS];
-static hak_heap_t* worker_heaps[REQUESTS];
+ * new thread takes the heap an earlier such one left, the longest left
+ * first, instead of one of its own each while their responses live; such a
+ * heap keeps its current pages in the pool until it has waited the delay. */
+enum { REQUESTS = 3 * HAK_DISPATCHER_HEIRS, WORKERS = REQUESTS + 3 };
+static void* responses[WORKERS];
+static hak_heap_t* worker_heaps[WORKERS];
 struct request {
   void* block;
   int index;
+  sem_t* hold; /* if not NULL, the worker waits on it before it ends */
 };
 
 static void* request_worker(void* arg) {
@@ -1059,25 +1063,56 @@ static void* request_worker(void* arg) {
   hak_free(rq->block); /* its first act: a block of the accepting thread, which runs on */
   responses[rq->index] = hak_malloc(200);
   worker_heaps[rq->index] = hak_tls_heap;
+  if (rq->hold != NULL) sem_wait(rq->hold);
   return NULL; /* its response outlives it */
+}
+
+static void start_worker(pthread_t* t, struct request* rq, int index, sem_t* hold) {
+  *rq = (struct request){hak_malloc(100), index, hold};
+  REQUIRE(rq->block != NULL && pthread_create(t, NULL, request_worker, rq) == 0);
 }
 
 static void* accepting_thread(void* arg) {
   (void)arg;
   size_t heaps = atomic_load(&hak_counters.heaps);
+  struct request rq, rq2;
+  pthread_t t, t2;
   for (int i = 0; i < REQUESTS; i++) {
-    struct request rq = {hak_malloc(100), i};
-    pthread_t t;
-    REQUIRE(rq.block != NULL && pthread_create(&t, NULL, request_worker, &rq) == 0);
+    start_worker(&t, &rq, i, NULL);
     pthread_join(t, NULL);
   }
+  /* The first ones each a heap of their own; from the first of a dispatcher's,
+   * one heap handed on. */
   int reused = 0;
-  for (int i = HAK_DISPATCHER_HEIRS; i < REQUESTS; i++)
-    reused += worker_heaps[i] == worker_heaps[i - HAK_DISPATCHER_HEIRS];
-  CHECK(reused == REQUESTS - HAK_DISPATCHER_HEIRS);
-  /* (Its own, and at most one for each of the first new threads.) */
-  CHECK(atomic_load(&hak_counters.heaps) <= heaps + 1 + HAK_DISPATCHER_HEIRS);
-  for (int i = 0; i < REQUESTS; i++) hak_free(responses[i]);
+  for (int i = HAK_DISPATCHER_HEIRS + 1; i < REQUESTS; i++)
+    reused += worker_heaps[i] == worker_heaps[HAK_DISPATCHER_HEIRS];
+  CHECK(reused == REQUESTS - HAK_DISPATCHER_HEIRS - 1);
+  CHECK(atomic_load(&hak_counters.heaps) <= heaps + 1 + HAK_DISPATCHER_HEIRS + 1);
+  /* Two at once, ended in turn: the next takes the longer ended one's heap. */
+  sem_t hold, hold2;
+  sem_init(&hold, 0, 0);
+  sem_init(&hold2, 0, 0);
+  int x = REQUESTS, y = REQUESTS + 1, z = REQUESTS + 2;
+  start_worker(&t, &rq, x, &hold);
+  while (__atomic_load_n(&worker_heaps[x], __ATOMIC_ACQUIRE) == NULL) sched_yield();
+  start_worker(&t2, &rq2, y, &hold2);
+  while (__atomic_load_n(&worker_heaps[y], __ATOMIC_ACQUIRE) == NULL) sched_yield();
+  sem_post(&hold);
+  pthread_join(t, NULL);
+  sem_post(&hold2);
+  pthread_join(t2, NULL);
+  start_worker(&t, &rq, z, NULL);
+  pthread_join(t, NULL);
+  CHECK(worker_heaps[x] != worker_heaps[y] && worker_heaps[z] == worker_heaps[x]);
+  /* In the pool, its current page stays until it has waited the delay. */
+  hak_heap_t* left = worker_heaps[z];
+  hak_page_t* page = hak_page_of(hak_segment_of(responses[z]), responses[z]);
+  CHECK(left->kind == HAK_HEAP_EMPTY && left->current[page->cls] == page);
+  hak_heaps_sweep(hak_tls_heap, hak_now_ms() + 20000000, false); /* (past the sweep tests' times) */
+  CHECK(left->current[page->cls] == &hak_page_empty);
+  for (int i = 0; i < WORKERS; i++) hak_free(responses[i]);
+  sem_destroy(&hold);
+  sem_destroy(&hold2);
   return NULL;
 }
 
@@ -1087,16 +1122,16 @@ static void test_dispatcher_heirs(void) {
   pthread_join(t, NULL);
 }
 
-/* An exiting thread's heap keeps its current pages for the next thread to
- * take; in the pool, once it has waited the purge delay, they go back to
- * their segments or are trimmed (on the sweeper's look here).  With a delay
- * of -1 nothing is purged (its exit purged all its free units). */
+/* An exiting thread's heap gives back its empty pages (its current pages
+ * too) and its free units but 128 KiB, and never with a delay of -1 (which
+ * purged them all at the thread's exit). */
 static void* unit_leaver(void* arg) {
   (void)arg;
   enum { N = 8 };
   void* big[N];
   left_blocks[0] = hak_malloc(64); /* a block kept: its heap stays in the pool */
   hak_free(hak_malloc(64));
+  hak_free(hak_malloc(700));
   for (int i = 0; i < N; i++) {
     REQUIRE((big[i] = hak_malloc(200 << 10)) != NULL);
     memset(big[i], 1, 200 << 10);
@@ -1106,20 +1141,55 @@ static void* unit_leaver(void* arg) {
   return NULL;
 }
 
-static void test_exit_keeps_current(void) {
+/* A pooled heap pins no page: a full page that a collected free puts back
+ * into an empty queue does not become current (pinned, it would never be
+ * retired, and the heap kept its segment for good). */
+enum { FULL_BLOCKS = 600 };
+static void* full_blocks[FULL_BLOCKS];
+static void* filler(void* arg) {
+  (void)arg;
+  for (int i = 0; i < FULL_BLOCKS; i++) REQUIRE((full_blocks[i] = hak_malloc(1000)) != NULL);
+  leaver_heap = hak_tls_heap;
+  return NULL; /* its pages full, or all but the current one */
+}
+
+static void* ender(void* arg) {
+  hak_free(arg); /* a heap of its own (not the pooled one): its end collects the pool */
+  return NULL;
+}
+
+static void end_a_thread(void) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, ender, hak_malloc(16)) == 0);
+  pthread_join(t, NULL);
+}
+
+static void test_exit_gives_back(void) {
   REQUIRE(hak_option_set("PURGE_DELAY_MS", 50) == 0);
   pthread_t t;
   pthread_create(&t, NULL, unit_leaver, NULL);
   pthread_join(t, NULL);
   hak_heap_t* left = leaver_heap;
   hak_page_t* page = hak_page_of(hak_segment_of(left_blocks[0]), left_blocks[0]);
-  CHECK(left->kind == HAK_HEAP_EMPTY && left->current[page->cls] == page);
-  CHECK(left->dirty_units <= HAK_EXIT_DIRTY_UNITS_KEEP);
-  /* A look past the delay (and past the times of the sweep tests). */
-  hak_heaps_sweep(hak_tls_heap, hak_now_ms() + 20000000, false);
-  CHECK(left->current[page->cls] == &hak_page_empty && hak_page_used(page) == 1);
-  CHECK(left->dirty_units == 0 && left->empty.first == NULL);
+  CHECK(left->kind == HAK_HEAP_EMPTY && left->current[page->cls] == &hak_page_empty);
+  CHECK(hak_page_used(page) == 1 && page->used == 1); /* not pinned */
+  CHECK(left->dirty_units <= HAK_EXIT_DIRTY_UNITS_KEEP && left->empty.first == NULL);
   hak_free(left_blocks[0]);
+
+  pthread_create(&t, NULL, filler, NULL);
+  pthread_join(t, NULL);
+  static hak_page_t* full_pages[FULL_BLOCKS];
+  for (int i = 0; i < FULL_BLOCKS; i++) full_pages[i] = hak_page_of(hak_segment_of(full_blocks[i]), full_blocks[i]);
+  /* The pages not full first: the queue is empty then. */
+  for (int pass = 0; pass < 2; pass++) {
+    for (int i = 0; i < FULL_BLOCKS; i++)
+      if (full_pages[i]->in_full == pass) hak_free(full_blocks[i]);
+    hak_remote_flush(hak_tls_heap);
+    end_a_thread();
+  }
+  int held = 0; /* pages of those blocks still with a block out or pinned */
+  for (int i = 0; i < FULL_BLOCKS; i++) held += full_pages[i]->used != 0;
+  CHECK(held == 0);
 
   REQUIRE(hak_option_set("PURGE_DELAY_MS", -1) == 0);
   size_t purged = atomic_load(&hak_counters.purged_bytes);
@@ -1220,8 +1290,8 @@ int main(void) {
   test_abandon_adopt();
   test_absorb_after_delay();
   test_remote_stack(); /* (its thread's heap, left in the pool, would be the sweep tests') */
-  test_dispatcher_heirs();
-  test_exit_keeps_current(); /* (after the sweep tests: it looks later than they do) */
+  test_dispatcher_heirs(); /* (after the sweep tests: it looks later than they do) */
+  test_exit_gives_back();
   test_huge_cache_and_remap();
   test_invariant_check();
   return hak_test_result("test_units");
