@@ -1062,7 +1062,7 @@ static void* request_worker(void* arg) {
   struct request* rq = arg;
   hak_free(rq->block); /* its first act: a block of the accepting thread, which runs on */
   responses[rq->index] = hak_malloc(200);
-  worker_heaps[rq->index] = hak_tls_heap;
+  __atomic_store_n(&worker_heaps[rq->index], hak_tls_heap, __ATOMIC_RELEASE); /* (awaited by the test) */
   if (rq->hold != NULL) sem_wait(rq->hold);
   return NULL; /* its response outlives it */
 }
