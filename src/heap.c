@@ -612,14 +612,15 @@ static void pooled_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
 static void abandoned_collect(void) {
   if (__atomic_load_n(&abandoned_pool, __ATOMIC_RELAXED) == NULL) return;
   pthread_mutex_lock(&heaps_lock);
+  uint32_t now = hak_now_ms();
   for (hak_heap_t** at = &abandoned_pool; *at != NULL;) {
     hak_heap_t* h = *at;
-    pooled_purge_if_due(h, hak_now_ms());
+    pooled_purge_if_due(h, now);
     if (hak_remote_pending(h)) {
       hak_remote_collect(h);
       if (h->served == NULL) {
-        heap_pages_give_back(h, hak_now_ms(), false, true);
-        hak_heap_purge(h, hak_now_ms(), false);
+        heap_pages_give_back(h, now, false, true);
+        hak_heap_purge(h, now, false);
       }
       if (h->segments == NULL && h->full_segments == NULL) { /* nothing left: a spare heap */
         __atomic_store_n(at, h->pool_next, __ATOMIC_RELAXED);
