@@ -69,9 +69,11 @@ HAK_API size_t hak_usable_size(const void* p) { return hak_usable(p); }
 /* A large block of this thread's heap grows over the free units after it
  * (also one handed out at an inner address: aligned). */
 static bool realloc_grow_in_place(hak_segment_t* seg, hak_page_t* page, void* p, size_t size) {
-  if (page->cls != HAK_CLASS_LARGE || size > HAK_LARGE_MAX ||
-      atomic_load_explicit(&page->owner_tid, memory_order_relaxed) != hak_thread_id())
-    return false;
+  if (page->cls != HAK_CLASS_LARGE || size > HAK_LARGE_MAX) return false;
+  if (atomic_load_explicit(&page->owner_tid, memory_order_relaxed) != hak_thread_id()) {
+    if (hak_segment_heap(seg) != hak_tls_heap) return false;
+    hak_page_claim(hak_tls_heap, page); /* (an adopted heap's) */
+  }
   uint8_t* start = hak_page_start(page);
   if (!hak_page_grow(hak_tls_heap, page, (size_t)((uint8_t*)p - start) + size + HAK_CANARY_SIZE))
     return false;

@@ -18,6 +18,9 @@ static void check_page(hak_heap_t* heap, const hak_page_t* page) {
   CHECK(hak_segment_heap(seg) == heap, "page in a queue of a heap that does not own its segment");
   CHECK(page->units > 0 && page->head_off == 0, "queued descriptor is not a page head");
   CHECK(&seg->pages[page->index] == page, "page index");
+  uintptr_t tid = atomic_load_explicit(&page->owner_tid, memory_order_relaxed);
+  CHECK(tid == 0 || tid == heap->tid, "a page carries another thread's id");
+  CHECK((tid != 0) == (seg->stamped_units >> page->index & 1), "stamped_units");
   /* Its other units' descriptors lead back to it (hak_page_of) and hold nothing else. */
   for (unsigned j = 1; j < page->units; j++) {
     const hak_page_t* tail = &seg->pages[page->index + j];

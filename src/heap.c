@@ -75,7 +75,11 @@ static void heap_sentinel_init(hak_heap_t* heap, int kind) {
 }
 
 static void heap_reset_current(hak_heap_t* heap) {
-  for (unsigned c = 0; c < HAK_CLASSES; c++) hak_heap_set_current(heap, c);
+  for (unsigned c = 0; c < HAK_CLASSES; c++) {
+    hak_page_t* first = heap->queue[c].first ? heap->queue[c].first : &hak_page_empty;
+    /* (A dispatcher's heap kept its current pages: their lines stay untouched.) */
+    if (heap->current[c] != first || first == &hak_page_empty) hak_heap_use_page(heap, c, first);
+  }
 }
 
 /* ---- allocation slow path ------------------------------------------------- */
@@ -285,6 +289,16 @@ static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t*
   hak_remote_free(self, owner, page, b);
 }
 
+/* A free of the thread's own block that took the slow path: perhaps its
+ * page's first since the thread adopted the heap (it carries no id yet),
+ * after which the page's frees are fast. */
+static inline void free_own_slow(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
+  hak_block_in(page, b);
+  HAK_OBSERVE_ADD(heap->stats.free_partial[hak_stat_class(page)]);
+  if (atomic_load_explicit(&page->owner_tid, memory_order_relaxed) != heap->tid) hak_page_claim(heap, page);
+  hak_heap_free_local(heap, page, b);
+}
+
 /* Heaps follow their blocks where threads hand blocks on to the next thread,
  * as servers do.  A thread whose first act is to free a block of an exited
  * thread's heap takes that heap.  If the block's thread still runs, it is
@@ -310,9 +324,7 @@ static HAK_NOINLINE void heap_free_first(hak_segment_t* seg, hak_page_t* page, h
                     __atomic_fetch_add(&owner->heirs_outlived, 1, __ATOMIC_RELAXED) >= HAK_DISPATCHER_HEIRS;
   hak_heap_t* self = thread_heap_init(owner, dispatcher);
   if (self != NULL && hak_segment_heap(seg) == self) {
-    hak_block_in(page, b);
-    HAK_OBSERVE_ADD(self->stats.free_partial[hak_stat_class(page)]);
-    hak_heap_free_local(self, page, b);
+    free_own_slow(self, page, b);
   } else {
     free_remote(owner, page, b);
   }
@@ -422,9 +434,7 @@ void hak_free_slow(hak_segment_t* seg, hak_page_t* page, void* p) {
   if (likely(seg->kind == HAK_SEG_NORMAL && (uint8_t*)p >= hak_page_start(page))) {
     if (owner == heap) {
       if (page->in_full && hak_is_block_start_full(page, p)) {
-        hak_block_in(page, (hak_block_t*)p);
-        HAK_OBSERVE_ADD(heap->stats.free_partial[page->cls]);
-        hak_heap_free_local(heap, page, (hak_block_t*)p);
+        free_own_slow(heap, page, (hak_block_t*)p);
         return;
       }
     } else if (owner != NULL && heap != &hak_heap_empty && page->units != 0 &&
@@ -452,9 +462,7 @@ static HAK_NOINLINE void free_slow_checked(hak_segment_t* seg, hak_page_t* page,
     hak_fatal("free of an invalid pointer (inside a block)", p);
   if (((void*)b != p || hak_page_is_sampled(page)) && hak_prof_has_samples()) hak_prof_forget(p);
   if (owner == hak_tls_heap) {
-    hak_block_in(page, b);
-    HAK_OBSERVE_ADD(owner->stats.free_partial[hak_stat_class(page)]);
-    hak_heap_free_local(owner, page, b);
+    free_own_slow(owner, page, b);
   } else if (unlikely(hak_tls_heap == &hak_heap_empty)) {
     heap_free_first(seg, page, owner, b);
   } else {
@@ -547,7 +555,7 @@ static hak_heap_t* thread_heap_init(hak_heap_t* want, bool dispatcher) {
   __atomic_store_n(&heap->kind, HAK_HEAP_THREAD, __ATOMIC_RELAXED); /* read by heirs */
   heap->tid = hak_thread_id();
   if (HAK_PROF) hak_prof_arm(heap);
-  hak_segments_set_owner(heap);
+  /* (Its pages carry no id: each takes this thread's as it is used.) */
   heap_reset_current(heap);
   hak_tls_heap = heap;
   hak_thread_register(heap);
@@ -660,7 +668,7 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   hak_tls_heap = &hak_heap_dead;
   heap->heir_of = NULL;
   heap->tid = 0; /* a later thread may get this thread's id */
-  hak_segments_set_owner(heap);
+  hak_segments_clear_owner(heap);
   heap->abandoned_ms = now;
   pthread_mutex_lock(&heaps_lock);
   hak_remote_sweep_end(heap); /* (taken over meanwhile: the list waits for an heir) */

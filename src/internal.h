@@ -193,9 +193,11 @@ typedef struct hak_page_s {
    * of no page and while the page is full (in_full): every free of it then
    * takes the slow path, which puts the page back in its queue. */
   uint64_t div_magic;
-  /* The owner thread's id (hak_thread_id) while it lives, else 0: the
-   * segment's owner, stamped on its pages (hak_segment_set_owner_tid) so
-   * that free checks it on the line it reads anyway, not on the header's. */
+  /* The owner thread's id (hak_thread_id), else 0: free checks it on the
+   * line it reads anyway, not the segment header's.  A page made takes its
+   * heap's; a heap's thread stamps the others as it first uses or frees into
+   * them (hak_page_claim), and clears them all as it ends
+   * (hak_segment_clear_owner): so adopting a heap costs nothing per page. */
   _Atomic uintptr_t owner_tid;
   union {
     struct { /* in the class queue or the heap's empty pages */
@@ -235,7 +237,8 @@ struct hak_segment_s {
   size_t map_size;             /* huge: the mapping, which starts at the header */
   uint32_t huge_off;           /* huge: the block's offset from the header (at most 2 MiB;
                                   not a pointer: memcheck would see the block reachable) */
-  uint32_t huge_guard_page;    /* huge, secure build: the guard page after the block */
+  uint32_t stamped_units;      /* bit i set: the page at unit i carries its owner's id
+                                  (hak_page_claim; hak_segment_clear_owner) */
   uint32_t free_count;         /* free units (counted as free_units changes) */
   uint32_t zero_units;         /* free units known to read as zero: not written since
                                   the system gave or purged them (MADV_DONTNEED) */
@@ -245,6 +248,7 @@ struct hak_segment_s {
                                          staying free the delay; 0 if not so (learn.c) */
   uint32_t huge_run;           /* huge: granules of the arena it holds; 0: a mapping of its own */
   uint32_t huge_chunk;         /* huge, in the arena: the index of its chunk */
+  uint32_t huge_guard_page;    /* huge, secure build: the guard page after the block */
 };
 
 /* A heap's statistics, per class (index HAK_CLASSES: large blocks), written
@@ -605,10 +609,19 @@ extern uint8_t hak_class_direct_first[HAK_DIRECT_CLASSES];
 extern uint8_t hak_class_direct_slots[HAK_DIRECT_CLASSES];
 #define HAK_USED_PINNED ((uint32_t)1 << 31)
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
+/* Stamps heap's thread id on page, one of heap's (see owner_tid). */
+HAK_INLINE void hak_page_claim(hak_heap_t* heap, hak_page_t* page) {
+  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
+  seg->stamped_units |= 1u << page->index;
+  atomic_store_explicit(&page->owner_tid, heap->tid, memory_order_relaxed);
+}
 HAK_INLINE void hak_heap_use_page(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   hak_page_t* old = heap->current[cls];
   if (old != &hak_page_empty) old->used -= HAK_USED_PINNED;
-  if (page != &hak_page_empty) page->used += HAK_USED_PINNED;
+  if (page != &hak_page_empty) {
+    page->used += HAK_USED_PINNED;
+    if (unlikely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) != heap->tid)) hak_page_claim(heap, page);
+  }
   heap->current[cls] = page;
   if (cls < HAK_DIRECT_CLASSES) hak_heap_set_direct(heap, cls, page);
 }
@@ -931,7 +944,7 @@ bool hak_write_fd(int fd, const char* s);
 /* segment.c */
 void hak_segmap_set(const void* at, unsigned value);
 hak_segment_t* hak_segment_acquire(hak_heap_t* heap);
-void hak_segment_set_owner_tid(hak_segment_t* seg, uintptr_t tid, memory_order order);
+void hak_segment_clear_owner(hak_segment_t* seg);
 void hak_segment_release(hak_segment_t* seg);
 int hak_segment_find_units(hak_segment_t* seg, unsigned n, bool* backed);
 void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n);
@@ -957,7 +970,7 @@ void hak_page_mark_emptied(hak_page_t* page, uint32_t now_ms);
 void hak_page_trim(hak_page_t* page);
 bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size);
 void hak_segments_move(hak_heap_t* heap, hak_heap_t* from);
-void hak_segments_set_owner(hak_heap_t* heap);
+void hak_segments_clear_owner(hak_heap_t* heap);
 void hak_heap_purge(hak_heap_t* heap, uint32_t now_ms, bool all);
 void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms);
 void hak_heap_purge_by(hak_heap_t* heap, uint32_t due_ms);

@@ -232,7 +232,7 @@ static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx
   hak_page_t* page = &seg->pages[idx];
   page->units = (uint8_t)n;
   page->index = (uint8_t)idx;
-  atomic_store_explicit(&page->owner_tid, heap->tid, memory_order_relaxed);
+  if (heap->tid != 0) hak_page_claim(heap, page);
   page_format(page, cls);
   hak_count(pages, 1);
   return page;
@@ -390,6 +390,7 @@ static void page_retire(hak_heap_t* heap, hak_page_t* page, uint32_t freed_ms, b
   bool was_full = seg->free_units == 0, large = page->cls == HAK_CLASS_LARGE;
   hak_stat_add(heap->stats.retires[hak_stat_class(page)], 1);
   memset(&seg->pages[idx], 0, n * sizeof(hak_page_t));
+  seg->stamped_units &= ~(1u << idx);
   hak_segment_give_units(seg, idx, n);
   if (backed) {
     seg->dirty_units |= hak_unit_mask(idx, n);
@@ -584,7 +585,6 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
       hak_segment_t* seg = *lists[l];
       seg_remove(lists[l], seg);
       atomic_store_explicit(&seg->heap, heap, memory_order_release);
-      hak_segment_set_owner_tid(seg, heap->tid, memory_order_relaxed);
       seg_push(to[l], seg);
       heap_note_room(heap, seg);
       heap->segment_count++;
@@ -593,10 +593,9 @@ void hak_segments_move(hak_heap_t* heap, hak_heap_t* from) {
   }
 }
 
-/* Stamps the heap's owner thread (heap->tid, 0 for none) on its segments. */
-void hak_segments_set_owner(hak_heap_t* heap) {
+/* Clears the ending thread's id from its heap's pages. */
+void hak_segments_clear_owner(hak_heap_t* heap) {
   hak_segment_t* lists[2] = {heap->segments, heap->full_segments};
   for (int l = 0; l < 2; l++)
-    for (hak_segment_t* seg = lists[l]; seg != NULL; seg = seg->next)
-      hak_segment_set_owner_tid(seg, heap->tid, memory_order_release);
+    for (hak_segment_t* seg = lists[l]; seg != NULL; seg = seg->next) hak_segment_clear_owner(seg);
 }

@@ -72,23 +72,17 @@ static bool registry_add(hak_segment_t* seg) {
  * heaps' segments must not match any thread id any more. */
 void hak_segments_fork_child(hak_heap_t* survivor) {
   for (size_t i = 0; i < registry_count; i++)
-    if (hak_segment_heap(registry[i]) != survivor) hak_segment_set_owner_tid(registry[i], 0, memory_order_relaxed);
+    if (hak_segment_heap(registry[i]) != survivor) hak_segment_clear_owner(registry[i]);
 }
 
-/* The owner thread's id goes on the descriptor heading each page of the
- * segment, the only one free reads (a page made later takes its heap's,
- * page_place).  Every other descriptor stays all zero, a free segment's
- * too: a page's are cleared as it is retired. */
-void hak_segment_set_owner_tid(hak_segment_t* seg, uintptr_t tid, memory_order order) {
-  for (unsigned u = 1; u < HAK_UNITS;) {
-    unsigned units = seg->pages[u].units;
-    if (units == 0) {
-      u++;
-      continue;
-    }
-    atomic_store_explicit(&seg->pages[u].owner_tid, tid, order);
-    u += units;
-  }
+/* Clears the owner's id from the segment's pages, the ones that carry it
+ * (stamped_units): the descriptors heading them, the only ones free reads.
+ * Every other descriptor stays all zero, a free segment's too: a page's
+ * are cleared as it is retired. */
+void hak_segment_clear_owner(hak_segment_t* seg) {
+  for (uint32_t m = seg->stamped_units; m != 0; m &= m - 1)
+    atomic_store_explicit(&seg->pages[__builtin_ctz(m)].owner_tid, 0, memory_order_release);
+  seg->stamped_units = 0;
 }
 
 /* The segments heap holds (a bound of its pages, for the sweep: remote.c). */
@@ -178,11 +172,12 @@ hak_segment_t* hak_segment_acquire(hak_heap_t* heap) {
     }
   }
   if (more_than_ever) hak_huge_purge_for_growth(); /* room for the segments' growth */
-  /* Its descriptors are all zero (hak_segment_set_owner_tid), whether its
-   * header was purged or not. */
+  /* Its descriptors are all zero (page_retire), whether its header was
+   * purged or not. */
 #if HAK_DEBUG
   static const hak_page_t zero;
   for (unsigned u = 0; u < HAK_UNITS; u++) hak_assert(memcmp(&seg->pages[u], &zero, sizeof zero) == 0);
+  hak_assert(seg->stamped_units == 0);
 #endif
   seg->kind = HAK_SEG_NORMAL;
   seg->free_units = HAK_SEG_ALL_FREE;

@@ -989,6 +989,91 @@ static void test_abandon_adopt(void) {
   CHECK(atomic_load(&hak_counters.heaps_adopted) == adopted + 1);
 }
 
+/* A thread's id is on the pages of its heap it uses, and on none once it
+ * ends; a thread that adopts the heap stamps each page as it first uses it,
+ * frees into it or grows a block of it in place, not all of them at once. */
+enum { STAMP_SMALL = 3000 }; /* 48 B: two full pages and more */
+static void* stamp_small[STAMP_SMALL];
+static void* stamp_large;
+static hak_heap_t* stamp_heap;
+static int stamp_ok;
+
+/* How many pages heap's segments hold, if each carries id (0: none) as
+ * stamped_units says; else 0. */
+static int heap_pages_carry(hak_heap_t* heap, uintptr_t id) {
+  hak_segment_t* lists[2] = {heap->segments, heap->full_segments};
+  int pages = 0;
+  for (int l = 0; l < 2; l++)
+    for (hak_segment_t* seg = lists[l]; seg != NULL; seg = seg->next)
+      for (unsigned u = 1; u < HAK_UNITS; u++) {
+        uintptr_t tid = atomic_load(&seg->pages[u].owner_tid);
+        if (tid != (seg->pages[u].units ? id : 0)) return 0;
+        if ((tid != 0) != (seg->stamped_units >> u & 1)) return 0;
+        pages += seg->pages[u].units != 0;
+      }
+  return pages;
+}
+
+static hak_page_t* page_of_block(void* p) { return hak_page_of(hak_segment_of(p), p); }
+static int page_carries(hak_page_t* page, uintptr_t id) {
+  return atomic_load(&page->owner_tid) == id && (hak_segment_of(page)->stamped_units >> page->index & 1) == (id != 0);
+}
+
+static void* stamper(void* arg) {
+  (void)arg;
+  for (int i = 0; i < STAMP_SMALL; i++) stamp_small[i] = hak_malloc(48);
+  stamp_large = hak_realloc(hak_malloc(200 << 10), 300 << 10); /* placed with room to grow */
+  stamp_heap = hak_tls_heap;
+  stamp_ok = heap_pages_carry(stamp_heap, hak_thread_id()) >= 3;
+  return NULL;
+}
+
+/* The full pages of the first block and of the last block of another full page. */
+static hak_page_t *stamp_freed, *stamp_untouched;
+
+static void* stamp_heir(void* arg) {
+  (void)arg;
+  hak_free(stamp_small[0]); /* its first act: it takes the ended thread's heap */
+  uintptr_t me = hak_thread_id();
+  int ok = hak_tls_heap == stamp_heap;
+  hak_page_t* current = hak_tls_heap->current[stamp_freed->cls];
+  hak_page_t* large = page_of_block(stamp_large);
+  ok &= page_carries(stamp_freed, me);  /* freed into */
+  ok &= current == &hak_page_empty || page_carries(current, me); /* used */
+  ok &= page_carries(stamp_untouched, 0) && page_carries(large, 0);
+  /* (Where the units after it are free: the secure build lays blocks out
+   * otherwise.) */
+  unsigned grow_to = (400 << 10) >> HAK_UNIT_SHIFT;
+  uint32_t after = hak_unit_mask(large->index + large->units, grow_to + 1 - large->units);
+  int room = (hak_segment_of(large)->free_units & after) == after;
+  void* grown = hak_realloc(stamp_large, 400 << 10);
+  if (room) ok &= grown == stamp_large && page_carries(large, me);
+  stamp_large = grown;
+  stamp_ok = ok;
+  return NULL;
+}
+
+static void test_adopted_pages_stamped(void) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, stamper, NULL) == 0);
+  pthread_join(t, NULL);
+  CHECK(stamp_ok);
+  CHECK(heap_pages_carry(stamp_heap, 0) >= 3); /* its end cleared them */
+  stamp_freed = page_of_block(stamp_small[0]);
+  stamp_untouched = NULL;
+  for (int i = 1; i < STAMP_SMALL; i++) {
+    hak_page_t* page = page_of_block(stamp_small[i]);
+    if (page != stamp_freed && page->in_full) stamp_untouched = page;
+  }
+  REQUIRE(stamp_freed->in_full && stamp_untouched != NULL);
+  REQUIRE(pthread_create(&t, NULL, stamp_heir, NULL) == 0);
+  pthread_join(t, NULL);
+  CHECK(stamp_ok);
+  CHECK(heap_pages_carry(stamp_heap, 0) >= 3);
+  for (int i = 1; i < STAMP_SMALL; i++) hak_free(stamp_small[i]);
+  hak_free(stamp_large);
+}
+
 /* A live heap short of units takes over an exited thread's heap only once no
  * starting thread has adopted it for the purge delay: until then it maps a
  * segment of its own. */
@@ -1288,6 +1373,7 @@ int main(void) {
   test_sweep_own();
   test_refill_looks();
   test_abandon_adopt();
+  test_adopted_pages_stamped();
   test_absorb_after_delay();
   test_remote_stack(); /* (its thread's heap, left in the pool, would be the sweep tests') */
   test_dispatcher_heirs(); /* (after the sweep tests: it looks later than they do) */
