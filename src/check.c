@@ -75,10 +75,9 @@ void hak_heap_check(hak_heap_t* heap) {
       check_page(heap, page);
     }
     CHECK(q->last == prev, "class queue's last");
-    if (c < HAK_DIRECT_CLASSES) {
-      size_t slot = hak_class_size[c] / 16;
-      CHECK(heap->direct[slot < HAK_DIRECT_SLOTS ? slot : HAK_DIRECT_SLOTS - 1] == heap->current[c], "direct table");
-    }
+    if (c < HAK_DIRECT_CLASSES)
+      for (unsigned k = 0; k < hak_class_direct_slots[c]; k++)
+        CHECK(heap->direct[hak_class_direct_first[c] + k] == heap->current[c], "direct table");
     const hak_page_t* spare = heap->spare[c];
     if (spare != NULL) {
       CHECK(spare->cls == c && spare->used == 0 && spare->reserved <= HAK_SPARE_BLOCKS_MAX, "spare page");

@@ -78,7 +78,7 @@ static void heap_reset_current(hak_heap_t* heap) {
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
     hak_page_t* first = heap->queue[c].first ? heap->queue[c].first : &hak_page_empty;
     /* (A dispatcher's heap kept its current pages: their lines stay untouched.) */
-    if (heap->current[c] != first || first == &hak_page_empty) hak_heap_use_page(heap, c, first);
+    if (heap->current[c] != first) hak_heap_use_page(heap, c, first);
   }
 }
 
@@ -483,7 +483,10 @@ static hak_heap_t* heap_new_locked(void) {
   }
   hak_heap_t* heap = (hak_heap_t*)heap_chunk_next;
   heap_chunk_next += size;
-  memcpy(heap->current, hak_heap_empty.current, sizeof heap->current); /* as heap_reset_current expects */
+  /* (Each class's direct slots name its current page: heap_reset_current
+   * leaves a class whose current page stays as it is.) */
+  memcpy(heap->direct, hak_heap_empty.direct, sizeof heap->direct);
+  memcpy(heap->current, hak_heap_empty.current, sizeof heap->current);
   heap->all_next = all_heaps;
   all_heaps = heap;
   hak_count(heaps, 1);
@@ -574,7 +577,8 @@ hak_heap_t* hak_thread_heap_init(void) { return thread_heap_init(NULL, false); }
  * spares go back too. */
 static void heap_pages_give_back(hak_heap_t* heap, uint32_t freed_ms, bool retire, bool trim) {
   for (unsigned c = 0; c < HAK_CLASSES; c++) {
-    if (retire) hak_heap_use_page(heap, c, &hak_page_empty); /* lets the current page retire too */
+    if (retire && heap->current[c] != &hak_page_empty)
+      hak_heap_use_page(heap, c, &hak_page_empty); /* lets the current page retire too */
     for (hak_page_t *page = heap->queue[c].first, *next; page != NULL; page = next) {
       next = page->next;
       if (page->used == 0) {
