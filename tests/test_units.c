@@ -1143,10 +1143,25 @@ struct request {
   sem_t* hold; /* if not NULL, the worker waits on it before it ends */
 };
 
+static void* emptied_block; /* of a page the last worker emptied */
+static int kept_unstamped; /* current pages a worker took over without its id */
 static void* request_worker(void* arg) {
   struct request* rq = arg;
   hak_free(rq->block); /* its first act: a block of the accepting thread, which runs on */
+  hak_page_t* kept = hak_tls_heap->current[hak_class_of(200 + HAK_CANARY_SIZE)];
+  if (kept != &hak_page_empty && atomic_load(&kept->owner_tid) != hak_thread_id())
+    __atomic_fetch_add(&kept_unstamped, 1, __ATOMIC_RELAXED);
   responses[rq->index] = hak_malloc(200);
+  if (rq->index == WORKERS - 1) { /* fills a page of 3000 B blocks, starts another, empties the first */
+    enum { N = 40 };
+    void* b[N];
+    for (int i = 0; i < N; i++) REQUIRE((b[i] = hak_malloc(3000)) != NULL);
+    hak_page_t* first = hak_page_of(hak_segment_of(b[0]), b[0]);
+    for (int i = 0; i < N; i++)
+      if (hak_page_of(hak_segment_of(b[i]), b[i]) == first) hak_free(b[i]);
+    REQUIRE(hak_tls_heap->current[first->cls] != first);
+    emptied_block = b[0];
+  }
   __atomic_store_n(&worker_heaps[rq->index], hak_tls_heap, __ATOMIC_RELEASE); /* (awaited by the test) */
   if (rq->hold != NULL) sem_wait(rq->hold);
   return NULL; /* its response outlives it */
@@ -1172,6 +1187,7 @@ static void* accepting_thread(void* arg) {
   for (int i = HAK_DISPATCHER_HEIRS + 1; i < REQUESTS; i++)
     reused += worker_heaps[i] == worker_heaps[HAK_DISPATCHER_HEIRS];
   CHECK(reused == REQUESTS - HAK_DISPATCHER_HEIRS - 1);
+  CHECK(kept_unstamped == 0); /* (a free into one would have taken the slow path) */
   CHECK(atomic_load(&hak_counters.heaps) <= heaps + 1 + HAK_DISPATCHER_HEIRS + 1);
   /* Two at once, ended in turn: the next takes the longer ended one's heap. */
   sem_t hold, hold2;
@@ -1189,12 +1205,17 @@ static void* accepting_thread(void* arg) {
   start_worker(&t, &rq, z, NULL);
   pthread_join(t, NULL);
   CHECK(worker_heaps[x] != worker_heaps[y] && worker_heaps[z] == worker_heaps[x]);
-  /* In the pool, its current page stays until it has waited the delay. */
+  /* In the pool, its current page stays until it has waited the delay, and
+   * so does a page it emptied (the next of the threads would make it again). */
   hak_heap_t* left = worker_heaps[z];
   hak_page_t* page = hak_page_of(hak_segment_of(responses[z]), responses[z]);
+  hak_segment_t* eseg = hak_segment_of(emptied_block);
+  uint32_t eunit = hak_unit_mask((unsigned)(((uintptr_t)emptied_block >> HAK_UNIT_SHIFT) & (HAK_UNITS - 1)), 1);
   CHECK(left->kind == HAK_HEAP_EMPTY && left->current[page->cls] == page);
+  CHECK(hak_segment_heap(eseg) == left && (eseg->free_units & eunit) == 0);
   hak_heaps_sweep(hak_tls_heap, hak_now_ms() + 20000000, false); /* (past the sweep tests' times) */
   CHECK(left->current[page->cls] == &hak_page_empty);
+  CHECK(hak_segment_heap(eseg) != left || (eseg->free_units & eunit) != 0);
   for (int i = 0; i < WORKERS; i++) hak_free(responses[i]);
   sem_destroy(&hold);
   sem_destroy(&hold2);
