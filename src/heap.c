@@ -596,11 +596,11 @@ static void heap_pages_give_back(hak_heap_t* heap, uint32_t freed_ms, bool retir
 
 /* A heap in the abandoned pool (under the heaps lock), when a thread ends and
  * on the sweeper's look: once it has waited the purge delay there untaken,
- * a dispatcher's thread's heap gives its current and empty pages back to
- * their segments and trims the others, and every heap's pages are trimmed;
- * then, as a live heap's, its free units that have waited the delay are
- * purged.  Until then a dispatcher's thread's heap keeps its pages as its
- * thread left them: the next of its threads goes on with them
+ * a dispatcher's thread's heap gives its current pages back to their
+ * segments if empty and trims them if not, and every heap's pages are
+ * trimmed; then, as a live heap's, its free units that have waited the delay
+ * are purged.  Until then a dispatcher's thread's heap keeps its current
+ * pages as its thread left them: the next of its threads goes on with them
  * (retired at each exit and their units purged, each new thread made them
  * again and faulted them in, docs/BENCHMARKS.md). */
 static void pooled_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
@@ -651,11 +651,12 @@ static void abandoned_collect(void) {
 /* Called at thread exit: collect what others freed, give back the empty
  * pages and the free units unless they are few (HAK_EXIT_DIRTY_UNITS_KEEP),
  * and put the heap where the next thread (or a live one short of memory)
- * takes it.  The heap of a dispatcher's thread keeps its pages as they are
- * (current ones with their free blocks, empty ones made) for the next of them
- * (pooled_purge_if_due); others retire their current pages if empty and their
- * empty pages (a heap nobody takes would keep them for as long as no thread
- * ends and the sweeper does not look). */
+ * takes it.  The heap of a dispatcher's thread keeps its current pages, with
+ * their free blocks, for the next of them (pooled_purge_if_due), and gives
+ * back only its kept empty pages: its queues hold no other empty page, as
+ * its current pages stay pinned.  Others retire their current pages too if
+ * empty (a heap nobody takes would keep them for as long as no thread ends
+ * and the sweeper does not look). */
 void hak_thread_heap_done(hak_heap_t* heap) {
   if (heap->kind != HAK_HEAP_THREAD) return;
   hak_remote_flush(heap);
@@ -665,7 +666,10 @@ void hak_thread_heap_done(hak_heap_t* heap) {
   hak_remote_collect(heap);
   uint32_t now = hak_now_ms();
   heap->pool_trimmed = heap->served == NULL;
-  if (heap->served == NULL) heap_pages_give_back(heap, now, true, false);
+  if (heap->served == NULL)
+    heap_pages_give_back(heap, now, true, false);
+  else
+    hak_heap_flush_empty(heap);
   hak_heap_purge(heap, now, HAK_POLICY(purge_delay_ms) >= 0 && heap->dirty_units > HAK_EXIT_DIRTY_UNITS_KEEP);
   if (__atomic_load_n(&hak_heap_dead.kind, __ATOMIC_ACQUIRE) != HAK_HEAP_DEAD) {
     pthread_mutex_lock(&heaps_lock);

@@ -613,7 +613,9 @@ void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
 HAK_INLINE void hak_page_claim(hak_heap_t* heap, hak_page_t* page) {
   hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
   seg->stamped_units |= 1u << page->index;
-  atomic_store_explicit(&page->owner_tid, heap->tid, memory_order_relaxed);
+  /* (Release: the bit is written first, so that a fork between the two
+   * leaves no id its child's handler would not find.) */
+  atomic_store_explicit(&page->owner_tid, heap->tid, memory_order_release);
 }
 HAK_INLINE void hak_heap_use_page(hak_heap_t* heap, unsigned cls, hak_page_t* page) {
   hak_page_t* old = heap->current[cls];

@@ -80,6 +80,9 @@ void hak_segments_fork_child(hak_heap_t* survivor) {
  * Every other descriptor stays all zero, a free segment's too: a page's
  * are cleared as it is retired. */
 void hak_segment_clear_owner(hak_segment_t* seg) {
+  /* (Not a write either where none does: a forked child clears every
+   * segment, and a cached one's header may be purged.) */
+  if (seg->stamped_units == 0) return;
   for (uint32_t m = seg->stamped_units; m != 0; m &= m - 1)
     atomic_store_explicit(&seg->pages[__builtin_ctz(m)].owner_tid, 0, memory_order_release);
   seg->stamped_units = 0;

@@ -1024,7 +1024,10 @@ static void* stamper(void* arg) {
   for (int i = 0; i < STAMP_SMALL; i++) stamp_small[i] = hak_malloc(48);
   stamp_large = hak_realloc(hak_malloc(200 << 10), 300 << 10); /* placed with room to grow */
   stamp_heap = hak_tls_heap;
-  stamp_ok = heap_pages_carry(stamp_heap, hak_thread_id()) >= 3;
+  /* (Its own pages: a heap it took over may hold others, not used yet.) */
+  uintptr_t me = hak_thread_id();
+  stamp_ok = page_carries(page_of_block(stamp_small[0]), me) &&
+             page_carries(page_of_block(stamp_small[STAMP_SMALL - 1]), me) && page_carries(page_of_block(stamp_large), me);
   return NULL;
 }
 
@@ -1205,17 +1208,17 @@ static void* accepting_thread(void* arg) {
   start_worker(&t, &rq, z, NULL);
   pthread_join(t, NULL);
   CHECK(worker_heaps[x] != worker_heaps[y] && worker_heaps[z] == worker_heaps[x]);
-  /* In the pool, its current page stays until it has waited the delay, and
-   * so does a page it emptied (the next of the threads would make it again). */
+  /* In the pool, its current page stays until it has waited the delay; a
+   * page it emptied went back at its end (kept, the pool's heaps held 25%
+   * more at the server's peak). */
   hak_heap_t* left = worker_heaps[z];
   hak_page_t* page = hak_page_of(hak_segment_of(responses[z]), responses[z]);
   hak_segment_t* eseg = hak_segment_of(emptied_block);
   uint32_t eunit = hak_unit_mask((unsigned)(((uintptr_t)emptied_block >> HAK_UNIT_SHIFT) & (HAK_UNITS - 1)), 1);
   CHECK(left->kind == HAK_HEAP_EMPTY && left->current[page->cls] == page);
-  CHECK(hak_segment_heap(eseg) == left && (eseg->free_units & eunit) == 0);
+  CHECK(hak_segment_heap(eseg) != left || (eseg->free_units & eunit) != 0);
   hak_heaps_sweep(hak_tls_heap, hak_now_ms() + 20000000, false); /* (past the sweep tests' times) */
   CHECK(left->current[page->cls] == &hak_page_empty);
-  CHECK(hak_segment_heap(eseg) != left || (eseg->free_units & eunit) != 0);
   for (int i = 0; i < WORKERS; i++) hak_free(responses[i]);
   sem_destroy(&hold);
   sem_destroy(&hold2);
