@@ -297,7 +297,7 @@ static inline void free_remote(hak_heap_t* owner, hak_page_t* page, hak_block_t*
 static inline void free_own_slow(hak_heap_t* heap, hak_page_t* page, hak_block_t* b) {
   hak_block_in(page, b);
   HAK_OBSERVE_ADD(heap->stats.free_partial[hak_stat_class(page)]);
-  if (atomic_load_explicit(&page->owner_tid, memory_order_relaxed) != heap->tid) hak_page_claim(heap, page);
+  hak_page_claim(heap, page);
   hak_heap_free_local(heap, page, b);
 }
 

@@ -609,8 +609,10 @@ extern uint8_t hak_class_direct_first[HAK_DIRECT_CLASSES];
 extern uint8_t hak_class_direct_slots[HAK_DIRECT_CLASSES];
 #define HAK_USED_PINNED ((uint32_t)1 << 31)
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
-/* Stamps heap's thread id on page, one of heap's (see owner_tid). */
+/* Stamps heap's thread id on page, one of heap's, if not there yet (see
+ * owner_tid; a heap without a thread, id 0, stamps nothing). */
 HAK_INLINE void hak_page_claim(hak_heap_t* heap, hak_page_t* page) {
+  if (likely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) == heap->tid)) return;
   hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
   seg->stamped_units |= 1u << page->index;
   /* (Release: the bit is written first, so that a fork between the two
@@ -622,7 +624,7 @@ HAK_INLINE void hak_heap_use_page(hak_heap_t* heap, unsigned cls, hak_page_t* pa
   if (old != &hak_page_empty) old->used -= HAK_USED_PINNED;
   if (page != &hak_page_empty) {
     page->used += HAK_USED_PINNED;
-    if (unlikely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) != heap->tid)) hak_page_claim(heap, page);
+    hak_page_claim(heap, page);
   }
   heap->current[cls] = page;
   if (cls < HAK_DIRECT_CLASSES) hak_heap_set_direct(heap, cls, page);

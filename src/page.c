@@ -232,7 +232,7 @@ static hak_page_t* page_place(hak_heap_t* heap, hak_segment_t* seg, unsigned idx
   hak_page_t* page = &seg->pages[idx];
   page->units = (uint8_t)n;
   page->index = (uint8_t)idx;
-  if (heap->tid != 0) hak_page_claim(heap, page);
+  hak_page_claim(heap, page);
   page_format(page, cls);
   hak_count(pages, 1);
   return page;
