@@ -371,6 +371,13 @@ bool hak_page_grow(hak_heap_t* heap, hak_page_t* page, size_t size) {
   if (want <= n || idx + want > HAK_UNITS) return false;
   uint32_t more = hak_unit_mask(idx + n, want - n);
   if ((seg->free_units & more) != more) return false;
+  /* Ahead, to twice its units (at most a large block's) where those are free
+   * too: a block realloc grew once is most often grown again, and each unit
+   * boundary it crosses is a call here (growth by half to 1 MiB crossed 7 a
+   * buffer, 4 so). */
+  unsigned ahead = 2 * n < HAK_LARGE_MAX >> HAK_UNIT_SHIFT ? 2 * n : HAK_LARGE_MAX >> HAK_UNIT_SHIFT;
+  if (ahead > HAK_UNITS - idx) ahead = HAK_UNITS - idx;
+  while (want < ahead && (seg->free_units >> (idx + want) & 1)) want++;
   heap_take_units(heap, seg, idx + n, want - n);
   link_units(seg, idx, n, want);
   page->units = (uint8_t)want;

@@ -989,6 +989,22 @@ static void test_abandon_adopt(void) {
   CHECK(atomic_load(&hak_counters.heaps_adopted) == adopted + 1);
 }
 
+/* A large block that realloc grows in place takes up to twice its units
+ * where those are free: the next growths by half fit without another call. */
+static void test_grow_ahead(void) {
+  char* p = hak_malloc(150 << 10); /* a large block of 3 units */
+  REQUIRE(p != NULL);
+  hak_segment_t* seg = hak_segment_of(p);
+  hak_page_t* page = hak_page_of(seg, p);
+  REQUIRE(page->cls == HAK_CLASS_LARGE && page->units == 3);
+  int room = (size_t)page->index + 6 <= HAK_UNITS && (seg->free_units & hak_unit_mask(page->index + 3, 3)) == hak_unit_mask(page->index + 3, 3);
+  char* q = hak_realloc(p, 200 << 10); /* needs 4 */
+  if (room) CHECK(q == p && page->units == 6 && hak_usable_size(q) >= (size_t)380 << 10);
+  char* r = hak_realloc(q, 300 << 10);
+  if (room) CHECK(r == q && page->units == 6);
+  hak_free(r);
+}
+
 /* A thread's id is on the pages of its heap it uses, and on none once it
  * ends; a thread that adopts the heap stamps each page as it first uses it,
  * frees into it or grows a block of it in place, not all of them at once. */
@@ -1044,12 +1060,12 @@ static void* stamp_heir(void* arg) {
   ok &= page_carries(stamp_freed, me);  /* freed into */
   ok &= current == &hak_page_empty || page_carries(current, me); /* used */
   ok &= page_carries(stamp_untouched, 0) && page_carries(large, 0);
-  /* (Where the units after it are free: the secure build lays blocks out
-   * otherwise.) */
-  unsigned grow_to = (400 << 10) >> HAK_UNIT_SHIFT;
-  uint32_t after = hak_unit_mask(large->index + large->units, grow_to + 1 - large->units);
-  int room = (hak_segment_of(large)->free_units & after) == after;
-  void* grown = hak_realloc(stamp_large, 400 << 10);
+  /* A unit more than it holds, where the unit after it is free (the secure
+   * build lays blocks out otherwise). */
+  size_t target = hak_usable_size(stamp_large) + HAK_UNIT_SIZE;
+  unsigned end = (unsigned)large->index + large->units;
+  int room = end < HAK_UNITS && (hak_segment_of(large)->free_units >> end & 1) && target <= HAK_LARGE_MAX;
+  void* grown = hak_realloc(stamp_large, target);
   if (room) ok &= grown == stamp_large && page_carries(large, me);
   stamp_large = grown;
   stamp_ok = ok;
@@ -1398,6 +1414,7 @@ int main(void) {
   test_refill_looks();
   test_abandon_adopt();
   test_adopted_pages_stamped();
+  test_grow_ahead();
   test_absorb_after_delay();
   test_remote_stack(); /* (its thread's heap, left in the pool, would be the sweep tests') */
   test_dispatcher_heirs(); /* (after the sweep tests: it looks later than they do) */
