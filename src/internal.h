@@ -609,12 +609,16 @@ extern uint8_t hak_class_direct_first[HAK_DIRECT_CLASSES];
 extern uint8_t hak_class_direct_slots[HAK_DIRECT_CLASSES];
 #define HAK_USED_PINNED ((uint32_t)1 << 31)
 void hak_heap_set_direct(hak_heap_t* heap, unsigned cls, hak_page_t* page);
+/* The 2 MiB unit of p, which is p's segment if the map says HAK_MAP_SEGMENT. */
+HAK_INLINE hak_segment_t* hak_segment_of(const void* p) {
+  return (hak_segment_t*)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
+}
+
 /* Stamps heap's thread id on page, one of heap's, if not there yet (see
  * owner_tid; a heap without a thread, id 0, stamps nothing). */
 HAK_INLINE void hak_page_claim(hak_heap_t* heap, hak_page_t* page) {
   if (likely(atomic_load_explicit(&page->owner_tid, memory_order_relaxed) == heap->tid)) return;
-  hak_segment_t* seg = (hak_segment_t*)((uintptr_t)page & ~(uintptr_t)HAK_SEG_MASK);
-  seg->stamped_units |= 1u << page->index;
+  hak_segment_of(page)->stamped_units |= 1u << page->index;
   /* (Release: the bit is written first, so that a fork between the two
    * leaves no id its child's handler would not find.) */
   atomic_store_explicit(&page->owner_tid, heap->tid, memory_order_release);
@@ -663,11 +667,6 @@ HAK_INLINE unsigned hak_segmap_get(const void* p) {
   uintptr_t idx = (uintptr_t)p >> HAK_SEG_SHIFT;
   if (unlikely(idx >= HAK_SEGMAP_SIZE)) return HAK_MAP_NONE;
   return hak_segmap[idx];
-}
-
-/* The 2 MiB unit of p, which is p's segment if the map says HAK_MAP_SEGMENT. */
-HAK_INLINE hak_segment_t* hak_segment_of(const void* p) {
-  return (hak_segment_t*)((uintptr_t)p & ~(uintptr_t)HAK_SEG_MASK);
 }
 
 /* The segment holding p, or NULL if hakmem does not own p. */
