@@ -532,6 +532,7 @@ static void global_heap_collect(void) {
  * spare or new one. */
 static hak_heap_t* thread_heap_init(hak_heap_t* want, bool dispatcher) {
   hak_process_init();
+  hak_fork_watch_thread(); /* before the heaps lock */
   global_heap_collect();
   pthread_mutex_lock(&heaps_lock);
   hak_heap_t** at = &abandoned_pool;

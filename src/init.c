@@ -2,6 +2,7 @@
  * from any first malloc, even inside the dynamic loader's or another
  * library's constructor), the thread-exit hook, fork handling, and the
  * statistics line at exit. */
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -76,13 +77,55 @@ static void fork_child(void) {
   hak_prof_unlock();
 }
 
+_Atomic bool hak_fork_handlers_on;
+
+/* Once: a thread that finds another registering waits for it, so that no
+ * thread takes a lock before the handlers are in (hak_fork_watch); the
+ * registering thread itself may come back here, from a calloc that
+ * pthread_atfork makes. */
+void hak_fork_handlers_register(void) {
+  static _Atomic uintptr_t registrar;
+  uintptr_t none = 0, self = hak_thread_id();
+  if (atomic_compare_exchange_strong(&registrar, &none, self)) {
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    atomic_store_explicit(&hak_fork_handlers_on, true, memory_order_release);
+  } else if (none != self) {
+    while (!atomic_load_explicit(&hak_fork_handlers_on, memory_order_acquire)) sched_yield();
+  }
+}
+
+/* A thread begins to use hakmem: the process has more than one thread if
+ * libc says so, or if another thread came first (one made without
+ * pthread_create, which libc does not see). */
+void hak_fork_watch_thread(void) {
+  static _Atomic uintptr_t first_thread;
+  uintptr_t none = 0, self = hak_thread_id();
+  if (!atomic_compare_exchange_strong(&first_thread, &none, self) && none != self)
+    hak_fork_handlers_register();
+  hak_fork_watch();
+}
+
 __attribute__((constructor(101))) static void hak_constructor(void) {
   hak_process_init();
   if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) {
     hak_prof_prepare();
     hak_prof_signal_update();
   }
-  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  if (!HAK_LAZY_FORK_HANDLERS || !hak_calloc_is_the_process_calloc()) hak_fork_handlers_register();
+  hak_fork_watch(); /* another library's constructor may have made threads */
+}
+
+/* override.c's calloc where it is linked (this weak one answers where it is
+ * not: the hak_* API beside another malloc). */
+__attribute__((weak)) void* hak_drop_in_calloc(void) { return NULL; }
+
+/* Whether the process's calloc (the dynamic linker's global lookup: the
+ * library binds its own calls to itself) is hakmem's: not where a program
+ * dlopens hakmem.  Only then does pthread_create's calloc come to
+ * hak_fork_watch. */
+bool hak_calloc_is_the_process_calloc(void) {
+  void* mine = hak_drop_in_calloc();
+  return mine != NULL && dlsym(RTLD_DEFAULT, "calloc") == mine;
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {

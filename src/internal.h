@@ -16,6 +16,15 @@
 
 #include "hakmem.h"
 
+/* glibc 2.32 and later say whether the process has had a second thread
+ * (hak_fork_watch); elsewhere the fork handlers are registered at start. */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+#include <sys/single_threaded.h>
+#define HAK_LAZY_FORK_HANDLERS 1
+#else
+#define HAK_LAZY_FORK_HANDLERS 0
+#endif
+
 #define HAK_API __attribute__((visibility("default")))
 /* A public entry point on a path the benchmarks time: it starts a cache
  * line, so that its speed does not move with the size of the code before it
@@ -1092,6 +1101,29 @@ size_t hak_usable(const void* p);
 
 /* init.c */
 void hak_process_init(void);
+
+/* Fork handlers (init.c) are registered as a process's first thread is
+ * made, not at start: pthread_atfork maps 64 KiB of libc text that a
+ * single-threaded program would not touch, and a process with one thread
+ * needs no handler (no other thread can hold a lock across its fork, and the
+ * child's thread keeps the parent's id).  glibc's pthread_create clears
+ * __libc_single_threaded and then, before the thread exists, callocs the
+ * new thread's TLS vector through us: calloc registers them there, so no
+ * fork can find a lock taken by a thread that registered too late (glibc
+ * skips handlers registered while a fork runs; tests/test_fork_start.c). */
+extern _Atomic bool hak_fork_handlers_on;
+void hak_fork_handlers_register(void);
+void hak_fork_watch_thread(void);
+bool hak_calloc_is_the_process_calloc(void);
+void* hak_drop_in_calloc(void);
+#if HAK_LAZY_FORK_HANDLERS
+HAK_INLINE void hak_fork_watch(void) {
+  if (unlikely(!atomic_load_explicit(&hak_fork_handlers_on, memory_order_relaxed)) && !__libc_single_threaded)
+    hak_fork_handlers_register();
+}
+#else
+#define hak_fork_watch() ((void)0)
+#endif
 
 /* secure.c (the secure build only) */
 void hak_secure_init(void);

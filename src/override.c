@@ -15,6 +15,9 @@
 HAK_ENTRY void* malloc(size_t size) { return hak_alloc_inline(size); }
 HAK_ENTRY void free(void* p) { hak_free_inline(p); }
 HAK_ENTRY void* calloc(size_t count, size_t size) { return hak_calloc(count, size); }
+
+/* This file's calloc, to compare with the process's (init.c). */
+void* hak_drop_in_calloc(void) { return (void*)calloc; }
 HAK_ENTRY void* realloc(void* p, size_t size) { return hak_realloc(p, size); }
 
 HAK_API void* reallocarray(void* p, size_t count, size_t size) {

@@ -1,14 +1,19 @@
-/* test_fork_start: a fork at the moment a program's first threads take
- * hakmem's locks for the first time, while another library's prepare
- * handler runs.  glibc's fork releases its list of handlers while it runs
- * each one, and skips handlers registered meanwhile: an allocator that
- * registered its own only once a second thread exists (to spare the libc
- * pages that pthread_atfork maps in) would let such a thread hold a lock
- * the fork does not take, and the child would wait on it forever.  Each
- * trial is a fresh process (this program run again), since the moment
- * comes once per process.  A trial's child that deadlocks is ended by its
- * alarm and fails the test. */
+/* test_fork_start: when hakmem registers its fork handlers, and a fork at
+ * the moment a program's first threads take hakmem's locks for the first
+ * time, while another library's prepare handler runs.
+ *
+ * A process with one thread needs no handler, and pthread_atfork maps 64 KiB
+ * of libc that such a program would not touch: hakmem registers them as the
+ * first thread is made, from the calloc that glibc's pthread_create makes
+ * before the thread exists.  Registered any later (as a second thread first
+ * allocates), they would come too late: glibc's fork releases its list of
+ * handlers while it runs each one, and skips handlers registered meanwhile,
+ * so such a thread could hold a lock the fork does not take, and the child
+ * would wait on it forever.  Each trial is a fresh process (this program
+ * run again), since the moment comes once per process.  A trial's child
+ * that deadlocks is ended by its alarm and fails the test. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -23,6 +28,46 @@
 #include "test_util.h"
 
 enum { TRIALS = 30, CHILD_ALARM = 5 };
+
+/* hakmem's registrations of fork handlers, seen on their way to libc: the
+ * pthread_atfork linked into libhakmem calls this program's
+ * __register_atfork, which passes them on. */
+static atomic_int hakmem_registrations;
+typedef int register_fn(void (*)(void), void (*)(void), void (*)(void), void*);
+int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), void* dso) {
+  static register_fn* libc_register;
+  if (libc_register == NULL) libc_register = (register_fn*)dlsym(RTLD_NEXT, "__register_atfork");
+  Dl_info info;
+  if (dladdr(dso, &info) && info.dli_fname != NULL && strstr(info.dli_fname, "libhakmem") != NULL)
+    atomic_fetch_add(&hakmem_registrations, 1);
+  return libc_register(prepare, parent, child, dso);
+}
+
+static atomic_int registrations_at_thread_start = -1;
+static void* first_thread(void* arg) { /* allocates nothing */
+  atomic_store(&registrations_at_thread_start, atomic_load(&hakmem_registrations));
+  return arg;
+}
+
+/* Before any thread: none (glibc 2.32 and later say whether a process has had
+ * a second thread; hakmem registers at start where they do not).  The first
+ * thread, which allocates nothing, starts with them registered, once. */
+static void check_registration(void) {
+  for (int i = 0; i < 64; i++) { /* both paths of malloc, calloc and free */
+    void* volatile a = calloc(i + 1, 48);
+    void* volatile b = malloc((size_t)i << 10);
+    free(a);
+    free(b);
+  }
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+  CHECK(atomic_load(&hakmem_registrations) == 0);
+#endif
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, first_thread, NULL) == 0);
+  REQUIRE(pthread_join(t, NULL) == 0);
+  CHECK(atomic_load(&registrations_at_thread_start) == 1);
+  CHECK(atomic_load(&hakmem_registrations) == 1);
+}
 
 static atomic_int in_prepare, stop;
 
@@ -86,6 +131,7 @@ static int trial(void) {
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--trial") == 0) return trial();
   HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
+  check_registration();
   int failed = 0;
   for (int i = 0; i < TRIALS; i++) {
     char out[4096];
