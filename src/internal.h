@@ -1149,6 +1149,10 @@ typedef struct hak_counters_s {
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
   _Atomic size_t huge_live, huge_live_bytes; /* huge blocks out now, and their mappings */
   _Atomic size_t reclaimed_pages; /* full pages of dormant heaps freed whole by others, purged */
+  /* Units that pages hold now, in every heap (empty pages kept among them):
+   * what the process uses of its segments, which bounds the free units and
+   * segments it keeps backed (page.c, segment.c). */
+  _Atomic size_t page_units;
   _Atomic size_t sweep_walked;    /* blocks of their lists the sweeps read */
 } hak_counters_t;
 extern hak_counters_t hak_counters;

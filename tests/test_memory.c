@@ -140,9 +140,11 @@ static void test_purge_delay(void) {
   if (delay < 0) CHECK(at_once == 0);
   if (delay > 0) {
     /* Beyond the free units a heap may keep (16 MiB, or half its segments'
-     * units if more), and its empty pages (4 MiB), purged at once, the
-     * oldest first, no more; the rest waits. */
+     * units if more, but no more than the process's pages hold), and its
+     * empty pages (4 MiB), purged at once, the oldest first, no more; the
+     * rest waits. */
     size_t keep = hak_tls_heap->segment_count * (HAK_UNITS - 1) / 2;
+    if (keep > C(page_units)) keep = C(page_units);
     if (keep < HAK_DIRTY_UNITS_MAX) keep = HAK_DIRTY_UNITS_MAX;
     keep <<= HAK_UNIT_SHIFT;
     /* (So that some are purged at once: with 40 MiB, the segments of the
@@ -167,10 +169,10 @@ static void test_purge_delay(void) {
 
 /* Free segments stay backed within the most ever in use, until the delay:
  * blocks of 1 MiB (sixteen units: one to a segment) freed and allocated again
- * fault nothing in. */
+ * fault nothing in (as many as the 8 segments kept whatever is in use). */
 static void test_segments_kept(void) {
   int delay = HAK_POLICY(purge_delay_ms);
-  enum { N = 12 };
+  enum { N = 6 };
   const size_t size = MIB - HAK_CANARY_SIZE;
   void* p[N];
   /* Nothing kept backed from the tests before: what they left would come due
@@ -202,6 +204,30 @@ static void test_segments_kept(void) {
     page_event();
     CHECK(C(purged_bytes) - purged0 >= (N - 2) * MIB);
   }
+  CHECK(live_intact());
+}
+
+/* A phase's segments, freed, stay backed no further than the pages still in
+ * use fill (and the 8 kept whatever is in use): the rest goes back as the
+ * phase is freed, not at later page events, which a program that goes on
+ * working lightly may never make (bench/rss_phase). */
+static void test_segments_phase_freed(void) {
+  int delay = HAK_POLICY(purge_delay_ms);
+  enum { N = 48, KEEP = 8 };
+  const size_t size = MIB - HAK_CANARY_SIZE;
+  void* p[N];
+  malloc_trim(0);
+  for (int i = 0; i < N; i++) {
+    REQUIRE((p[i] = malloc(size)) != NULL);
+    memset(p[i], i, size);
+  }
+  size_t purged0 = C(purged_bytes);
+  free_all(p, N);
+  size_t at_once = C(purged_bytes) - purged0;
+  size_t in_use = (C(page_units) + HAK_UNITS - 2) / (HAK_UNITS - 1), keep = in_use > KEEP ? in_use : KEEP;
+  CHECK(keep + 8 < N); /* (else this test says nothing) */
+  if (delay < 0) CHECK(at_once == 0);
+  else CHECK(at_once >= (N - keep) * MIB);
   CHECK(live_intact());
 }
 
@@ -1357,6 +1383,7 @@ int main(int argc, char** argv) {
   live_make();
   test_purge_delay();
   test_segments_kept();
+  test_segments_phase_freed();
   in_new_thread(large_runs_thread);
   test_reuse();
   test_empty_pages_age();
