@@ -167,21 +167,25 @@ static void test_purge_delay(void) {
   CHECK(live_intact());
 }
 
+/* n blocks of 1 MiB (sixteen units: one to a segment), written. */
+static void one_per_segment(void** p, int n) {
+  for (int i = 0; i < n; i++) {
+    REQUIRE((p[i] = malloc(MIB - HAK_CANARY_SIZE)) != NULL);
+    memset(p[i], i, MIB - HAK_CANARY_SIZE);
+  }
+}
+
 /* Free segments stay backed within the most ever in use, until the delay:
- * blocks of 1 MiB (sixteen units: one to a segment) freed and allocated again
- * fault nothing in (as many as the 8 segments kept whatever is in use). */
+ * blocks of 1 MiB freed and allocated again fault nothing in (as many as the
+ * 8 segments kept whatever is in use). */
 static void test_segments_kept(void) {
   int delay = HAK_POLICY(purge_delay_ms);
   enum { N = 6 };
-  const size_t size = MIB - HAK_CANARY_SIZE;
   void* p[N];
   /* Nothing kept backed from the tests before: what they left would come due
    * while these blocks are freed, and be purged then (1 run in 25). */
   malloc_trim(0);
-  for (int i = 0; i < N; i++) {
-    REQUIRE((p[i] = malloc(size)) != NULL);
-    memset(p[i], i, size);
-  }
+  one_per_segment(p, N);
   size_t purged0 = C(purged_bytes);
   uint32_t freed_ms = hak_now_ms();
   free_all(p, N);
@@ -192,10 +196,7 @@ static void test_segments_kept(void) {
   if (delay > 0) {
     if (took_ms < (uint32_t)delay) CHECK(at_once == 0); /* (unless this machine stalled past the delay) */
     size_t faults = minor_faults();
-    for (int i = 0; i < N; i++) {
-      REQUIRE((p[i] = malloc(size)) != NULL);
-      memset(p[i], i, size);
-    }
+    one_per_segment(p, N);
     /* Reused backed, not faulted in again (unless this machine stalled past
      * the delay meanwhile: ctest -j 8 on two CPUs did, 3 runs in 8). */
     if (hak_now_ms() - freed_ms < (uint32_t)delay / 2) CHECK(minor_faults() - faults < N * MIB / 4096 / 8);
@@ -214,13 +215,9 @@ static void test_segments_kept(void) {
 static void test_segments_phase_freed(void) {
   int delay = HAK_POLICY(purge_delay_ms);
   enum { N = 48, KEEP = 8 };
-  const size_t size = MIB - HAK_CANARY_SIZE;
   void* p[N];
   malloc_trim(0);
-  for (int i = 0; i < N; i++) {
-    REQUIRE((p[i] = malloc(size)) != NULL);
-    memset(p[i], i, size);
-  }
+  one_per_segment(p, N);
   size_t purged0 = C(purged_bytes);
   free_all(p, N);
   size_t at_once = C(purged_bytes) - purged0;
