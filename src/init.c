@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -79,19 +80,35 @@ static void fork_child(void) {
 
 _Atomic bool hak_fork_handlers_on;
 
+/* libc's registration of fork handlers: override.c's, which calls libc's
+ * own past its stand-in for programs (__register_atfork), where the
+ * drop-in names are linked; pthread_atfork where they are not. */
+__attribute__((weak)) int hak_libc_register_atfork(void (*prepare)(void), void (*parent)(void),
+                                                   void (*child)(void)) {
+  return pthread_atfork(prepare, parent, child);
+}
+
 /* Once: a thread that finds another registering waits for it, so that no
  * thread takes a lock before the handlers are in (hak_fork_watch); the
- * registering thread itself may come back here, from a calloc that
- * pthread_atfork makes. */
+ * registering thread itself may come back here, from a calloc of libc's
+ * registration.  The registrar's process is kept with it: a fork while
+ * another thread registered leaves the child's thread to register itself
+ * (it would wait for a thread the child does not have). */
 void hak_fork_handlers_register(void) {
+  static _Atomic pid_t registrar_pid;
   static _Atomic uintptr_t registrar;
-  uintptr_t none = 0, self = hak_thread_id();
-  if (atomic_compare_exchange_strong(&registrar, &none, self)) {
-    pthread_atfork(fork_prepare, fork_parent, fork_child);
-    atomic_store_explicit(&hak_fork_handlers_on, true, memory_order_release);
-  } else if (none != self) {
+  if (atomic_load_explicit(&hak_fork_handlers_on, memory_order_acquire)) return;
+  pid_t me = getpid(), seen = 0;
+  uintptr_t self = hak_thread_id();
+  while (!atomic_compare_exchange_strong(&registrar_pid, &seen, me)) {
+    if (seen != me) continue; /* the parent's, cut off by the fork: take it over */
+    if (atomic_load(&registrar) == self) return; /* (from within the registration) */
     while (!atomic_load_explicit(&hak_fork_handlers_on, memory_order_acquire)) sched_yield();
+    return;
   }
+  atomic_store(&registrar, self);
+  hak_libc_register_atfork(fork_prepare, fork_parent, fork_child);
+  atomic_store_explicit(&hak_fork_handlers_on, true, memory_order_release);
 }
 
 /* A thread begins to use hakmem: the process has more than one thread if

@@ -57,6 +57,9 @@ HAK_INLINE unsigned hak_popcount(uint64_t x) {
 #ifndef HAK_OBSERVE
 #define HAK_OBSERVE 0 /* 1 in the observing build (make observe): per-operation counters */
 #endif
+#ifndef HAK_STATIC_ARCHIVE
+#define HAK_STATIC_ARCHIVE 0 /* 1 in build/libhakmem.a (override.c) */
+#endif
 #ifndef HAK_SECURE
 #define HAK_SECURE 0 /* 1 in the secure build (make secure): see "the secure build" below */
 #endif
@@ -1116,6 +1119,7 @@ void hak_fork_handlers_register(void);
 void hak_fork_watch_thread(void);
 bool hak_calloc_is_the_process_calloc(void);
 void* hak_drop_in_calloc(void);
+int hak_libc_register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
 #if HAK_LAZY_FORK_HANDLERS
 HAK_INLINE void hak_fork_watch(void) {
   if (unlikely(!atomic_load_explicit(&hak_fork_handlers_on, memory_order_relaxed)) && !__libc_single_threaded)

@@ -16,8 +16,39 @@ HAK_ENTRY void* malloc(size_t size) { return hak_alloc_inline(size); }
 HAK_ENTRY void free(void* p) { hak_free_inline(p); }
 HAK_ENTRY void* calloc(size_t count, size_t size) { return hak_calloc(count, size); }
 
-/* This file's calloc, to compare with the process's (init.c). */
+#if !HAK_STATIC_ARCHIVE
+/* This file's calloc, to compare with the process's (init.c): only where
+ * __register_atfork below stands in front of libc's (not in the static
+ * archive, which a program may link whole with a static libc that defines
+ * it too), since the fork handlers wait for either. */
 void* hak_drop_in_calloc(void) { return (void*)calloc; }
+
+typedef int register_atfork_fn(void (*)(void), void (*)(void), void (*)(void), void*);
+extern void* __dso_handle __attribute__((weak, visibility("hidden")));
+
+static register_atfork_fn* libc_register_atfork(void) {
+  static register_atfork_fn* next;
+  if (next == NULL) next = (register_atfork_fn*)dlsym(RTLD_NEXT, "__register_atfork");
+  return next;
+}
+
+int hak_libc_register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)) {
+  register_atfork_fn* next = libc_register_atfork();
+  return next != NULL ? next(prepare, parent, child, __dso_handle) : ENOMEM;
+}
+
+/* A program's fork handlers (pthread_atfork, linked into each program,
+ * calls this): hakmem's go in first, as if registered at start, so that
+ * the program's prepare handlers run before hakmem's takes its locks and
+ * its parent and child handlers after hakmem's releases them (glibc runs
+ * prepare handlers newest first, the others oldest first): they may
+ * allocate. */
+HAK_API int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), void* dso) {
+  hak_fork_handlers_register();
+  register_atfork_fn* next = libc_register_atfork();
+  return next != NULL ? next(prepare, parent, child, dso) : ENOMEM;
+}
+#endif
 HAK_ENTRY void* realloc(void* p, size_t size) { return hak_realloc(p, size); }
 
 HAK_API void* reallocarray(void* p, size_t count, size_t size) {

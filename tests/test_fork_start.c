@@ -13,7 +13,6 @@
  * run again), since the moment comes once per process.  A trial's child
  * that deadlocks is ended by its alarm and fails the test. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -29,23 +28,13 @@
 
 enum { TRIALS = 30, CHILD_ALARM = 5 };
 
-/* hakmem's registrations of fork handlers, seen on their way to libc: the
- * pthread_atfork linked into libhakmem calls this program's
- * __register_atfork, which passes them on. */
-static atomic_int hakmem_registrations;
-typedef int register_fn(void (*)(void), void (*)(void), void (*)(void), void*);
-int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), void* dso) {
-  static register_fn* libc_register;
-  if (libc_register == NULL) libc_register = (register_fn*)dlsym(RTLD_NEXT, "__register_atfork");
-  Dl_info info;
-  if (dladdr(dso, &info) && info.dli_fname != NULL && strstr(info.dli_fname, "libhakmem") != NULL)
-    atomic_fetch_add(&hakmem_registrations, 1);
-  return libc_register(prepare, parent, child, dso);
-}
+/* fork_probe.c, linked between libhakmem and libc. */
+int fork_probe_hakmem_registrations(void);
+int fork_probe_hakmem_first_at(void);
 
 static atomic_int registrations_at_thread_start = -1;
 static void* first_thread(void* arg) { /* allocates nothing */
-  atomic_store(&registrations_at_thread_start, atomic_load(&hakmem_registrations));
+  atomic_store(&registrations_at_thread_start, fork_probe_hakmem_registrations());
   return arg;
 }
 
@@ -60,13 +49,46 @@ static void check_registration(void) {
     free(b);
   }
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-  CHECK(atomic_load(&hakmem_registrations) == 0);
+  CHECK(fork_probe_hakmem_registrations() == 0);
 #endif
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, first_thread, NULL) == 0);
   REQUIRE(pthread_join(t, NULL) == 0);
   CHECK(atomic_load(&registrations_at_thread_start) == 1);
-  CHECK(atomic_load(&hakmem_registrations) == 1);
+  CHECK(fork_probe_hakmem_registrations() == 1);
+}
+
+/* A program's own fork handlers, registered before its first thread, that
+ * allocate (a huge block, and large blocks that make pages): hakmem's go in
+ * before them, so that their prepare handler runs before hakmem's takes its
+ * locks and their parent and child handlers after hakmem's releases them. */
+static void allocate_in_handler(void) {
+  void* volatile huge = malloc(64u << 20);
+  void* volatile large[64];
+  for (int i = 0; i < 64; i++) large[i] = malloc(256 << 10);
+  for (int i = 0; i < 64; i++) free(large[i]);
+  free(huge);
+}
+
+static void* idle_thread(void* arg) { return arg; }
+
+/* One fresh process: returns 0 if its child ended well. */
+static int order_trial(void) {
+  REQUIRE(pthread_atfork(allocate_in_handler, allocate_in_handler, allocate_in_handler) == 0);
+  if (fork_probe_hakmem_first_at() != 0) return 3; /* not before the program's */
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, idle_thread, NULL) == 0);
+  REQUIRE(pthread_join(t, NULL) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    alarm(CHILD_ALARM);
+    allocate_in_handler();
+    _exit(0);
+  }
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid) return 1;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 2;
 }
 
 static atomic_int in_prepare, stop;
@@ -130,8 +152,15 @@ static int trial(void) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--trial") == 0) return trial();
+  if (argc > 1 && strcmp(argv[1], "--order") == 0) return order_trial();
   HAK_REQUIRE_SYMBOL_IN_HAKMEM("malloc");
   check_registration();
+  {
+    char out[4096];
+    int rc = hak_run_self("--order", NULL, out, sizeof out);
+    if (rc != 0) fprintf(stderr, "order trial: exit %d %s", rc, out);
+    CHECK(rc == 0);
+  }
   int failed = 0;
   for (int i = 0; i < TRIALS; i++) {
     char out[4096];
