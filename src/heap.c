@@ -244,9 +244,10 @@ static HAK_NOINLINE HAK_COLD void heap_check_purge(hak_heap_t* heap) { hak_heap_
 void* hak_alloc_refill(hak_heap_t* heap, hak_page_t* page, size_t size) {
   if (HAK_PROF || page == &hak_page_empty) return hak_alloc_slow(heap, size);
   /* The purge delay is checked on page events; a thread in a steady state
-   * (its pages neither made nor emptied) checks it every 64 refills, and so
-   * gives back what waited and looks at the dormant heaps. */
-  if (unlikely((heap->refills += 4) == 0)) heap_check_purge(heap);
+   * (its pages neither made nor emptied) checks it every 64 refills (every
+   * refill while much waits: purge_watch), and so gives back what waited and
+   * looks at the dormant heaps. */
+  if (unlikely(heap->purge_watch) || unlikely((heap->refills += 4) == 0)) heap_check_purge(heap);
   unsigned cls = page->cls;
   hak_page_t* next = page->next;
   void* p;

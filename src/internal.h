@@ -148,6 +148,9 @@ void hak_heap_check(struct hak_heap_s* heap);
  * the units of its segments, and at least this many (16 MiB);
  * beyond, the oldest are purged. */
 #define HAK_DIRTY_UNITS_MAX 256
+/* Free units waiting for the purge delay (a heap's and the segment cache's)
+ * from which each refill checks the delay (64 MiB; heap.c). */
+#define HAK_PURGE_WATCH_UNITS 1024
 /* Free units an exiting thread's heap may keep backed (128 KiB). */
 #define HAK_EXIT_DIRTY_UNITS_KEEP 2
 /* New threads whose first act freed a block of a live thread's heap and that
@@ -312,6 +315,7 @@ struct hak_heap_s {
    * raise it), so that a page no segment can hold does not walk them all. */
   uint32_t segments_room;
   uint8_t refills;                      /* by 4, wraps every 64: a check of the purge delay (heap.c) */
+  bool purge_watch;                     /* much waits for the delay: each refill checks it */
   size_t segment_count;                 /* its segments (both lists) */
   hak_heap_t* pool_next;                /* in the abandoned or the spare pool */
   hak_heap_t* heir_of;                  /* a live heap whose block this thread freed first, */
@@ -967,6 +971,7 @@ void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n);
 void hak_segments_lock(void);
 void hak_segments_unlock(void);
 void hak_segment_cache_purge(uint32_t now_ms, bool all);
+size_t hak_segment_cache_dirty(void);
 bool hak_segment_cache_unmap(void);
 void hak_segments_usage(hak_usage_t* usage);
 
@@ -1153,10 +1158,6 @@ typedef struct hak_counters_s {
   _Atomic size_t segments, pages, huge_allocs, heaps, heaps_adopted;
   _Atomic size_t huge_live, huge_live_bytes; /* huge blocks out now, and their mappings */
   _Atomic size_t reclaimed_pages; /* full pages of dormant heaps freed whole by others, purged */
-  /* Units that pages hold now, in every heap (empty pages kept among them):
-   * what the process uses of its segments, which bounds the free units and
-   * segments it keeps backed (page.c, segment.c). */
-  _Atomic size_t page_units;
   _Atomic size_t sweep_walked;    /* blocks of their lists the sweeps read */
 } hak_counters_t;
 extern hak_counters_t hak_counters;

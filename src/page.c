@@ -475,8 +475,6 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
     /* A due time set under a longer delay (hak_option_set shortened it). */
     if ((int32_t)(heap->purge_due_ms - (now_ms + (uint32_t)delay)) > 0) heap->purge_due_ms = now_ms;
     size_t bound = heap->segment_count * (HAK_UNITS - 1) / 2;
-    size_t in_pages = atomic_load_explicit(&hak_counters.page_units, memory_order_relaxed);
-    if (bound > in_pages) bound = in_pages; /* (after a phase freed: segment.c) */
     if (bound < HAK_DIRTY_UNITS_MAX) bound = HAK_DIRTY_UNITS_MAX;
     if (heap->dirty_units > bound) heap_purge_oldest(heap, now_ms, heap->dirty_units - bound);
     else if ((int32_t)(now_ms - heap->purge_due_ms) >= 0)
@@ -487,6 +485,10 @@ void hak_heap_purge_if_due(hak_heap_t* heap, uint32_t now_ms) {
    * segment back: a program making and freeing large blocks makes millions
    * of page events a second. */
   if (now_ms != heap->purge_looked_ms) heap_look_at_caches(heap, now_ms);
+  /* Much waiting (a phase freed): until it has gone, each refill checks the
+   * delay, not every 64th, for a program that goes on working lightly makes
+   * no page event and few refills (bench/rss_phase: a freed 1 GiB stayed). */
+  heap->purge_watch = heap->dirty_units + hak_segment_cache_dirty() * (HAK_UNITS - 1) >= HAK_PURGE_WATCH_UNITS;
 }
 
 /* Purges the free units of the heap's segments freed before freed_by, and of

@@ -21,11 +21,9 @@ void hak_segmap_set(const void* at, unsigned value) {
  * most segments ever in use at once (since the last trim) leaves beside those
  * in use now, so that a program whose use of segments falls and rises again
  * faults nothing in and never has more backed than at its peak (the huge-block
- * arena's rule), within MAX, no more than the heaps' pages fill (a phase's
- * memory goes back as the phase is freed: the delay is checked at page
- * events only, which a program working lightly after it may never make), and
- * at least KEEP.  Beyond, the oldest are purged as they are cached. */
-#define HAK_SEGMENT_DIRTY_KEEP 8
+ * arena's rule), within MAX, and at least KEEP.  Beyond, the oldest are
+ * purged as they are cached. */
+#define HAK_SEGMENT_DIRTY_KEEP 4
 #define HAK_SEGMENT_DIRTY_MAX 512 /* 1 GiB, as the huge-block arena */
 
 static pthread_mutex_t segment_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -215,13 +213,14 @@ static void cache_clean_push(hak_segment_t* seg, uint32_t now_ms, int32_t delay)
   pthread_mutex_unlock(&segment_lock);
 }
 
+/* Free segments cached backed now (read unlocked). */
+size_t hak_segment_cache_dirty(void) { return atomic_load_explicit(&cache_dirty_count, memory_order_relaxed); }
+
 /* The free segments that may stay backed now. */
 static size_t segments_dirty_budget(void) {
   size_t used = atomic_load_explicit(&segments_used, memory_order_relaxed);
   size_t room = atomic_load_explicit(&segments_used_peak, memory_order_relaxed) - used;
   if (room > HAK_SEGMENT_DIRTY_MAX) room = HAK_SEGMENT_DIRTY_MAX; /* (also when the loads disagree) */
-  size_t in_pages = (atomic_load_explicit(&hak_counters.page_units, memory_order_relaxed) + HAK_UNITS - 2) / (HAK_UNITS - 1);
-  if (room > in_pages) room = in_pages;
   return room > HAK_SEGMENT_DIRTY_KEEP ? room : HAK_SEGMENT_DIRTY_KEEP;
 }
 
@@ -382,12 +381,10 @@ void hak_segment_take_units(hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_assert((seg->free_units & hak_unit_mask(idx, n)) == hak_unit_mask(idx, n));
   seg->free_units &= ~hak_unit_mask(idx, n);
   seg->free_count -= n;
-  hak_count(page_units, n);
 }
 
 void hak_segment_give_units(hak_segment_t* seg, unsigned idx, unsigned n) {
   hak_assert((seg->free_units & hak_unit_mask(idx, n)) == 0);
   seg->free_units |= hak_unit_mask(idx, n);
   seg->free_count += n;
-  hak_uncount(page_units, n);
 }

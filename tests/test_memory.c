@@ -140,11 +140,9 @@ static void test_purge_delay(void) {
   if (delay < 0) CHECK(at_once == 0);
   if (delay > 0) {
     /* Beyond the free units a heap may keep (16 MiB, or half its segments'
-     * units if more, but no more than the process's pages hold), and its
-     * empty pages (4 MiB), purged at once, the oldest first, no more; the
-     * rest waits. */
+     * units if more), and its empty pages (4 MiB), purged at once, the
+     * oldest first, no more; the rest waits. */
     size_t keep = hak_tls_heap->segment_count * (HAK_UNITS - 1) / 2;
-    if (keep > C(page_units)) keep = C(page_units);
     if (keep < HAK_DIRTY_UNITS_MAX) keep = HAK_DIRTY_UNITS_MAX;
     keep <<= HAK_UNIT_SHIFT;
     /* (So that some are purged at once: with 40 MiB, the segments of the
@@ -176,11 +174,10 @@ static void one_per_segment(void** p, int n) {
 }
 
 /* Free segments stay backed within the most ever in use, until the delay:
- * blocks of 1 MiB freed and allocated again fault nothing in (as many as the
- * 8 segments kept whatever is in use). */
+ * blocks of 1 MiB freed and allocated again fault nothing in. */
 static void test_segments_kept(void) {
   int delay = HAK_POLICY(purge_delay_ms);
-  enum { N = 6 };
+  enum { N = 12 };
   void* p[N];
   /* Nothing kept backed from the tests before: what they left would come due
    * while these blocks are freed, and be purged then (1 run in 25). */
@@ -208,23 +205,35 @@ static void test_segments_kept(void) {
   CHECK(live_intact());
 }
 
-/* A phase's segments, freed, stay backed no further than the pages still in
- * use fill (and the 8 kept whatever is in use): the rest goes back as the
- * phase is freed, not at later page events, which a program that goes on
- * working lightly may never make (bench/rss_phase). */
-static void test_segments_phase_freed(void) {
-  int delay = HAK_POLICY(purge_delay_ms);
-  enum { N = 48, KEEP = 8 };
+/* A freed phase waiting for the delay (64 MiB or more, here 80 MiB of free
+ * segments) makes each refill check the delay, not every 64th: a program
+ * that goes on working lightly makes no page event and few refills
+ * (bench/rss_phase).  Once it has gone, the refills go back to every 64th. */
+static void test_purge_watch(void) {
+  if (HAK_POLICY(purge_delay_ms) <= 0) return;
+  enum { N = 40 };
   void* p[N];
+  hak_heap_t* heap = hak_tls_heap;
   malloc_trim(0);
+  page_event();
+  CHECK(!heap->purge_watch);
   one_per_segment(p, N);
-  size_t purged0 = C(purged_bytes);
   free_all(p, N);
-  size_t at_once = C(purged_bytes) - purged0;
-  size_t in_use = (C(page_units) + HAK_UNITS - 2) / (HAK_UNITS - 1), keep = in_use > KEEP ? in_use : KEEP;
-  CHECK(keep + 8 < N); /* (else this test says nothing) */
-  if (delay < 0) CHECK(at_once == 0);
-  else CHECK(at_once >= (N - keep) * MIB);
+  page_event();
+  CHECK(heap->purge_watch);
+  void* a = malloc(64);
+  REQUIRE(a != NULL);
+  unsigned cls = hak_page_of(hak_segment_of(a), a)->cls;
+  uint32_t stale = hak_now_ms() - 1000;
+  heap->purge_looked_ms = stale;
+  heap->refills = 0; /* (the 64th is far) */
+  void* b = hak_alloc_refill(heap, heap->current[cls], 64);
+  CHECK(heap->purge_looked_ms != stale); /* checked at this refill */
+  free(a);
+  free(b);
+  malloc_trim(0);
+  page_event();
+  CHECK(!heap->purge_watch);
   CHECK(live_intact());
 }
 
@@ -1380,7 +1389,7 @@ int main(int argc, char** argv) {
   live_make();
   test_purge_delay();
   test_segments_kept();
-  test_segments_phase_freed();
+  test_purge_watch();
   in_new_thread(large_runs_thread);
   test_reuse();
   test_empty_pages_age();
