@@ -48,8 +48,14 @@ void hak_thread_register(hak_heap_t* heap) {
   if (thread_key_ok) pthread_setspecific(thread_key, heap);
 }
 
+_Atomic bool hak_fork_handlers_on;
+
 /* fork: hold every lock across the fork so the child finds them consistent. */
 static void fork_prepare(void) {
+  /* The handlers are in, for the child too: a fork between libc taking them
+   * and their registrar saying so would otherwise leave the child to
+   * register them a second time. */
+  atomic_store_explicit(&hak_fork_handlers_on, true, memory_order_release);
   hak_prof_lock();
   hak_learn_lock(); /* before the policy lock: a decision publishes under it */
   hak_policy_lock();
@@ -77,8 +83,6 @@ static void fork_child(void) {
   hak_learn_unlock();
   hak_prof_unlock();
 }
-
-_Atomic bool hak_fork_handlers_on;
 
 /* libc's registration of fork handlers: override.c's, which calls libc's
  * own past its stand-in for programs (__register_atfork), where the

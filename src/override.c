@@ -26,9 +26,19 @@ void* hak_drop_in_calloc(void) { return (void*)calloc; }
 typedef int register_atfork_fn(void (*)(void), void (*)(void), void (*)(void), void*);
 extern void* __dso_handle __attribute__((weak, visibility("hidden")));
 
+/* libc's __register_atfork: the next definition after hakmem's, or, where
+ * hakmem comes after libc in the search order (a library that links it,
+ * loaded by a program that does not), libc's own. */
 static register_atfork_fn* libc_register_atfork(void) {
   static register_atfork_fn* next;
   if (next == NULL) next = (register_atfork_fn*)dlsym(RTLD_NEXT, "__register_atfork");
+  if (next == NULL) {
+    void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    if (libc != NULL) {
+      next = (register_atfork_fn*)dlsym(libc, "__register_atfork");
+      dlclose(libc);
+    }
+  }
   return next;
 }
 
