@@ -1111,14 +1111,16 @@ size_t hak_usable(const void* p);
 void hak_process_init(void);
 
 /* Fork handlers (init.c) are registered as a process's first thread is
- * made, not at start: pthread_atfork maps 64 KiB of libc text that a
- * single-threaded program would not touch, and a process with one thread
- * needs no handler (no other thread can hold a lock across its fork, and the
- * child's thread keeps the parent's id).  glibc's pthread_create clears
- * __libc_single_threaded and then, before the thread exists, callocs the
- * new thread's TLS vector through us: calloc registers them there, so no
- * fork can find a lock taken by a thread that registered too late (glibc
- * skips handlers registered while a fork runs; tests/test_fork_start.c). */
+ * made, or as the program registers its own (override.c's stand-in for
+ * __register_atfork: hakmem's go first), not at start: pthread_atfork maps
+ * 64 KiB of libc text that a single-threaded program would not touch, and a
+ * process with one thread needs no handler (no other thread can hold a lock
+ * across its fork, and the child's thread keeps the parent's id).  glibc's
+ * pthread_create clears __libc_single_threaded and then, before the thread
+ * exists, callocs the new thread's TLS vector through us: calloc registers
+ * them there, so no fork can find a lock taken by a thread that registered
+ * too late (glibc skips handlers registered while a fork runs;
+ * tests/test_fork_start.c). */
 extern _Atomic bool hak_fork_handlers_on;
 void hak_fork_handlers_register(void);
 void hak_fork_watch_thread(void);

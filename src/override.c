@@ -42,9 +42,13 @@ static register_atfork_fn* libc_register_atfork(void) {
   return next;
 }
 
-int hak_libc_register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)) {
+static int libc_register(void (*prepare)(void), void (*parent)(void), void (*child)(void), void* dso) {
   register_atfork_fn* next = libc_register_atfork();
-  return next != NULL ? next(prepare, parent, child, __dso_handle) : ENOMEM;
+  return next != NULL ? next(prepare, parent, child, dso) : ENOMEM;
+}
+
+int hak_libc_register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)) {
+  return libc_register(prepare, parent, child, __dso_handle);
 }
 
 /* A program's fork handlers (pthread_atfork, linked into each program,
@@ -55,8 +59,7 @@ int hak_libc_register_atfork(void (*prepare)(void), void (*parent)(void), void (
  * allocate. */
 HAK_API int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), void* dso) {
   hak_fork_handlers_register();
-  register_atfork_fn* next = libc_register_atfork();
-  return next != NULL ? next(prepare, parent, child, dso) : ENOMEM;
+  return libc_register(prepare, parent, child, dso);
 }
 #endif
 HAK_ENTRY void* realloc(void* p, size_t size) { return hak_realloc(p, size); }
