@@ -12,7 +12,6 @@ HAK_API void hak_free(void* p) { hak_free_inline(p); }
 #define HAK_ZERO_RESIDENT_MIN ((size_t)512 << 10)
 
 HAK_API void* hak_calloc(size_t count, size_t size) {
-  hak_fork_watch(); /* pthread_create's calloc, before the new thread runs */
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) {
     errno = ENOMEM;

@@ -126,16 +126,6 @@ void hak_fork_watch_thread(void) {
   hak_fork_watch();
 }
 
-__attribute__((constructor(101))) static void hak_constructor(void) {
-  hak_process_init();
-  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) {
-    hak_prof_prepare();
-    hak_prof_signal_update();
-  }
-  if (!HAK_LAZY_FORK_HANDLERS || !hak_calloc_is_the_process_calloc()) hak_fork_handlers_register();
-  hak_fork_watch(); /* another library's constructor may have made threads */
-}
-
 /* override.c's calloc where it is linked (this weak one answers where it is
  * not: the hak_* API beside another malloc). */
 __attribute__((weak)) void* hak_drop_in_calloc(void) { return NULL; }
@@ -144,9 +134,19 @@ __attribute__((weak)) void* hak_drop_in_calloc(void) { return NULL; }
  * library binds its own calls to itself) is hakmem's: not where a program
  * dlopens hakmem.  Only then does pthread_create's calloc come to
  * hak_fork_watch. */
-bool hak_calloc_is_the_process_calloc(void) {
+static bool calloc_is_the_process_calloc(void) {
   void* mine = hak_drop_in_calloc();
   return mine != NULL && dlsym(RTLD_DEFAULT, "calloc") == mine;
+}
+
+__attribute__((constructor(101))) static void hak_constructor(void) {
+  hak_process_init();
+  if (HAK_PROF && HAK_POLICY(prof) != HAK_PROF_OFF) {
+    hak_prof_prepare();
+    hak_prof_signal_update();
+  }
+  if (!HAK_LAZY_FORK_HANDLERS || !calloc_is_the_process_calloc()) hak_fork_handlers_register();
+  hak_fork_watch(); /* another library's constructor may have made threads */
 }
 
 __attribute__((destructor(101))) static void hak_destructor(void) {

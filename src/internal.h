@@ -1124,12 +1124,11 @@ void hak_process_init(void);
 extern _Atomic bool hak_fork_handlers_on;
 void hak_fork_handlers_register(void);
 void hak_fork_watch_thread(void);
-bool hak_calloc_is_the_process_calloc(void);
 void* hak_drop_in_calloc(void);
 int hak_libc_register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
 #if HAK_LAZY_FORK_HANDLERS
 HAK_INLINE void hak_fork_watch(void) {
-  if (unlikely(!atomic_load_explicit(&hak_fork_handlers_on, memory_order_relaxed)) && !__libc_single_threaded)
+  if (unlikely(!atomic_load_explicit(&hak_fork_handlers_on, memory_order_relaxed) && !__libc_single_threaded))
     hak_fork_handlers_register();
 }
 #else

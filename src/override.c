@@ -14,7 +14,10 @@
 
 HAK_ENTRY void* malloc(size_t size) { return hak_alloc_inline(size); }
 HAK_ENTRY void free(void* p) { hak_free_inline(p); }
-HAK_ENTRY void* calloc(size_t count, size_t size) { return hak_calloc(count, size); }
+HAK_ENTRY void* calloc(size_t count, size_t size) {
+  hak_fork_watch(); /* pthread_create's calloc, before the new thread runs (internal.h) */
+  return hak_calloc(count, size);
+}
 
 #if !HAK_STATIC_ARCHIVE
 /* This file's calloc, to compare with the process's (init.c): only where
